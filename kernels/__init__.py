@@ -1,0 +1,1 @@
+"""Built-in ablation plugins, one room per optimization (imported as `microscope_kernels`)."""

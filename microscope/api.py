@@ -1,0 +1,325 @@
+"""The plugin contract: everything a plugin author needs, and nothing else.
+
+A plugin describes one optimization as a set of *variants* (callables over the same inputs): the
+``baseline`` (the plain "before"), one or more ``candidate`` implementations, and optional ``peer``
+implementations a user would pick instead. It also says which *cases* (shapes, dtypes, flags) to try,
+how to make seeded inputs for a case, how close a variant must stay to a float64 evaluation of the
+baseline (``Tolerance``) and how many FLOPs and bytes a case moves (for TFLOP/s, GB/s and roofline).
+
+The harness owns everything else: timing, memory, seeding, hooks, statistics and reports. A plugin
+never times itself, so every variant of every plugin is measured the same way.
+
+Minimal example (see ``kernels/flash_attn/ablation.py`` for a full one)::
+
+    from microscope.api import Ablation, Tolerance, baseline, candidate, grid, register
+
+    @register("my_softmax")
+    class MySoftmax(Ablation):
+        \"\"\"One-pass softmax vs torch.softmax.\"\"\"
+        variants = {"reference": baseline(lambda x: torch.softmax(x, -1)),
+                    "triton": candidate(my_triton_softmax)}
+        cases = grid(rows=[7, 300], cols=[1000], dtype=["fp32", "bf16"])
+        tolerance = {"fp32": Tolerance(rtol=1e-5), "bf16": Tolerance(rtol=2e-2)}
+
+        def inputs(self, case, gen, device):
+            return {"x": randn((case["rows"], case["cols"]), case.dtype, gen, device)}
+
+        def bytes(self, case, backward=False):
+            return 2 * case["rows"] * case["cols"] * case.dtype.itemsize
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "Ablation",
+    "Case",
+    "Role",
+    "Tolerance",
+    "Variant",
+    "baseline",
+    "candidate",
+    "grid",
+    "interpreting",
+    "peer",
+    "randn",
+    "register",
+]
+
+#: Short dtype names used in configs, cases and records.
+DTYPES: dict[str, torch.dtype] = {
+    "fp64": torch.float64,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Kernels use it to pick a fixed small launch config (autotuning in the interpreter only burns
+    time) and to work around interpreter-only gaps. The harness sets the variable before any plugin
+    is imported when no GPU is present; it must be set before ``@triton.jit`` runs.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name (``"bf16"``) of a torch dtype, for records and case ids."""
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of a plugin's case grid: named parameters such as ``seq=512, dtype="bf16"``.
+
+    Cases are hashable and carry a stable, readable ``id`` used in records and reports.
+    """
+
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, **params: Any) -> Case:
+        return cls(tuple(params.items()))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    def __getitem__(self, key: str) -> Any:
+        for name, value in self.items:
+            if name == key:
+                return value
+        raise KeyError(f"case {self.id} has no parameter {key!r}; it has {[n for n, _ in self.items]}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.params.get(key, default)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype named by the case's ``dtype`` parameter (default fp32)."""
+        return DTYPES[self.get("dtype", "fp32")]
+
+    @property
+    def id(self) -> str:
+        parts = []
+        for name, value in self.items:
+            if isinstance(value, bool):
+                parts.append(name if value else f"no_{name}")
+            elif name == "dtype":
+                parts.append(str(value))
+            else:
+                parts.append(f"{name}={value}")
+        return ",".join(parts)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def grid(**axes: Sequence[Any]) -> list[Case]:
+    """The cartesian product of the given axes, in the order given (last axis varies fastest)."""
+    names = list(axes)
+    for name, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise TypeError(f"grid axis {name!r} must be a list of values, got {values!r}")
+    return [Case(tuple(zip(names, combo))) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a variant's output (and gradients) may stray from the float64 evaluation of the baseline.
+
+    Two rules, both must hold, so that neither a loose global ``allclose`` nor a lucky seed decides:
+
+    * element rule: at most ``max_mismatch`` (a fraction) of elements may violate
+      ``|y - y64| <= atol + rtol * |y64|``;
+    * noise-calibrated rule: the norm-relative error ``||y - y64|| / ||y64||`` may be at most
+      ``ref_factor`` times the baseline's own norm-relative error in the same dtype (floored at the
+      dtype's unit roundoff, so an exact baseline does not make the rule impossible).
+
+    An all-zeros or constant output has a norm-relative error near 1 and can never pass.
+    """
+
+    rtol: float
+    atol: float = 0.0
+    ref_factor: float = 4.0
+    max_mismatch: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rtol < 0 or self.atol < 0:
+            raise ValueError("Tolerance rtol and atol must be >= 0")
+        if self.ref_factor < 1:
+            raise ValueError("Tolerance ref_factor must be >= 1 (a variant cannot beat float64 by rule)")
+        if not 0 <= self.max_mismatch < 1:
+            raise ValueError("Tolerance max_mismatch is a fraction in [0, 1)")
+
+
+class Role(str, enum.Enum):
+    """What a variant is in the comparison."""
+
+    BASELINE = "baseline"  # the plain "before"; accuracy and speedups are relative to it
+    CANDIDATE = "candidate"  # the optimization under test
+    PEER = "peer"  # what a user would pick instead (e.g. a vendor library); compared, not gated
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of the plugin's operation.
+
+    ``fn`` is called with the case's inputs as keyword arguments and returns a tensor or a tuple of
+    tensors. ``needs`` lists what the variant requires (``"cuda"``, ``"triton"``); where a need is not
+    met the trial is recorded as skipped with the reason. ``supports`` may refuse individual cases
+    (return a reason string) such as a backend that only handles some head dims.
+    """
+
+    fn: Callable[..., Any]
+    role: Role = Role.CANDIDATE
+    description: str = ""
+    needs: tuple[str, ...] = ()
+    supports: Callable[[Case, str], str | None] | None = None
+    differentiable: bool = True
+
+
+def baseline(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:
+    """The reference variant ("before"). Exactly one per plugin."""
+    return Variant(fn, Role.BASELINE, description or (fn.__doc__ or "").strip().split("\n")[0], **kw)
+
+
+def candidate(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:
+    """A variant under test ("after")."""
+    return Variant(fn, Role.CANDIDATE, description or (fn.__doc__ or "").strip().split("\n")[0], **kw)
+
+
+def peer(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:
+    """An alternative a user could pick instead; measured alongside, never the thing being judged."""
+    return Variant(fn, Role.PEER, description or (fn.__doc__ or "").strip().split("\n")[0], **kw)
+
+
+def randn(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    device: str | torch.device,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Seeded normal tensor: drawn in float32 on the CPU generator, then cast and moved.
+
+    Drawing on the CPU makes the inputs identical on every device, so a GPU run and a CPU run of the
+    same seed see the same numbers.
+    """
+    return (torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+class Ablation:
+    """Base class of every plugin. Subclass it, fill in the class attributes, decorate with ``register``.
+
+    Required: ``variants`` (exactly one baseline), ``cases``, ``tolerance`` (keyed by dtype name), and
+    ``inputs``. Optional: ``grad_inputs``, ``flops``, ``bytes``, ``reference``.
+    """
+
+    #: Set by ``register``.
+    name: ClassVar[str] = ""
+    #: ``"operator"``: variants map inputs to outputs.
+    level: ClassVar[str] = "operator"
+    variants: ClassVar[Mapping[str, Variant]] = {}
+    #: The default case grid; a config's ``cases:`` may narrow or replace its axes.
+    cases: ClassVar[Sequence[Case]] = ()
+    #: Per dtype name; ``"*"`` is the fallback.
+    tolerance: ClassVar[Mapping[str, Tolerance]] = {}
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+        """Tensors for one case, drawn from the harness's seeded generator (use ``randn``)."""
+        raise NotImplementedError(f"plugin {self.name!r} must define inputs(case, gen, device)")
+
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        """Names of the inputs that receive gradients in the backward checks. Default: none."""
+        return ()
+
+    def flops(self, case: Case, backward: bool = False) -> float | None:
+        """Floating-point operations of one call (forward, or forward+backward), for TFLOP/s."""
+        return None
+
+    def bytes(self, case: Case, backward: bool = False) -> float | None:
+        """Minimum bytes one call must move to and from memory, for GB/s and roofline."""
+        return None
+
+    def reference(self, inputs: Mapping[str, torch.Tensor]) -> Any:
+        """The ground truth: by default the baseline evaluated on float64 copies of the inputs."""
+        return self.baseline_variant()[1].fn(**inputs)
+
+    # -- conveniences the harness uses; plugins rarely override these --------------------------
+    def tolerance_for(self, case: Case) -> Tolerance:
+        key = case.get("dtype", "fp32")
+        if key in self.tolerance:
+            return self.tolerance[key]
+        if "*" in self.tolerance:
+            return self.tolerance["*"]
+        raise KeyError(f"plugin {self.name!r} declares no tolerance for dtype {key!r} (and no '*' fallback)")
+
+    def baseline_variant(self) -> tuple[str, Variant]:
+        found = [(n, v) for n, v in self.variants.items() if v.role is Role.BASELINE]
+        if len(found) != 1:
+            raise TypeError(f"plugin {self.name!r} must declare exactly one baseline variant, found {len(found)}")
+        return found[0]
+
+    def iter_variants(self) -> Iterator[tuple[str, Variant]]:
+        """Baseline first, then candidates, then peers: the order tables are printed in."""
+        order = {Role.BASELINE: 0, Role.CANDIDATE: 1, Role.PEER: 2}
+        yield from sorted(self.variants.items(), key=lambda nv: order[nv[1].role])
+
+
+#: Plugins registered by ``@register`` as their modules are imported; ``microscope.registry`` reads it.
+_REGISTERED: dict[str, tuple[type[Ablation], str]] = {}
+
+
+@dataclass
+class RegistrationError(Exception):
+    """Two plugins claim the same name."""
+
+    name: str
+    first: str
+    second: str
+    message: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.message = (
+            f"two plugins are registered as {self.name!r}: {self.first} and {self.second}. "
+            f"Rename one of them (the name is the argument of @register)."
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def register(name: str) -> Callable[[type[Ablation]], type[Ablation]]:
+    """Class decorator: make a plugin known to microscope under ``name``."""
+    if not name.isidentifier():
+        raise ValueError(f"plugin name {name!r} must be a Python identifier (letters, digits, underscores)")
+
+    def wrap(cls: type[Ablation]) -> type[Ablation]:
+        if not (isinstance(cls, type) and issubclass(cls, Ablation)):
+            raise TypeError(f"@register({name!r}) decorates {cls!r}, which is not a subclass of Ablation")
+        origin = f"{cls.__module__}.{cls.__qualname__}"
+        if name in _REGISTERED and _REGISTERED[name][1] != origin:
+            raise RegistrationError(name, _REGISTERED[name][1], origin)
+        cls.name = name
+        if not cls.variants:
+            raise TypeError(f"plugin {name!r} declares no variants")
+        cls.baseline_variant(cls)  # type: ignore[arg-type]  # validates exactly one baseline
+        _REGISTERED[name] = (cls, origin)
+        return cls
+
+    return wrap
