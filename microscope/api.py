@@ -145,7 +145,8 @@ class Tolerance:
     Two rules, both must hold, so that neither a loose global ``allclose`` nor a lucky seed decides:
 
     * element rule: at most ``max_mismatch`` (a fraction) of elements may violate
-      ``|y - y64| <= atol + rtol * |y64|``;
+      ``|y - y64| <= atol + rtol * |y64|`` -- or ``ref_factor`` times the fraction the baseline itself
+      violates in the same dtype, whichever is larger;
     * noise-calibrated rule: the norm-relative error ``||y - y64|| / ||y64||`` may be at most
       ``ref_factor`` times the baseline's own norm-relative error in the same dtype (floored at the
       dtype's unit roundoff, so an exact baseline does not make the rule impossible).

@@ -1,0 +1,103 @@
+"""The flash_attn plugin: a tiled online-softmax Triton kernel vs eager math attention.
+
+Read this file with ``microscope/api.py`` to write a plugin of your own: it declares the variants
+(baseline, candidate, peers), the case grid, seeded inputs, tolerances, and FLOP/byte counts. The
+harness does the rest (seeding, timing, memory, statistics, reports).
+
+Case parameters: ``batch``, ``heads``, ``seq`` (query length), ``kv_prefix`` (keys before the first
+query: chunked prefill, so the key length is ``seq + kv_prefix``), ``head_dim``, ``dtype``, ``causal``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+
+from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
+from .peers import flex_attention_compiled, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math
+from .reference import eager_attention
+
+HALF = ("fp16", "bf16")
+
+
+def _cuda_half_only(name: str, same_length_causal: bool = True):
+    """A ``supports`` rule for fused SDPA backends: CUDA, half precision, and (for causal) equal lengths."""
+
+    def supports(case: Case, device: str) -> str | None:
+        if device != "cuda":
+            return f"{name} runs on CUDA only"
+        if case["dtype"] not in HALF:
+            return f"{name} supports fp16/bf16 only"
+        return None
+
+    return supports
+
+
+def _triton_supports(case: Case, device: str) -> str | None:
+    if case["head_dim"] not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim {case['head_dim']} not in {SUPPORTED_HEAD_DIMS}"
+    return None
+
+
+@register("flash_attn")
+class FlashAttention(Ablation):
+    """Tiled online-softmax attention in one Triton kernel (forward and backward) vs eager math attention."""
+
+    variants = {
+        "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
+        "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
+                            needs=("triton",), supports=_triton_supports),
+        "sdpa_math": peer(sdpa_math, "torch SDPA, math backend"),
+        "sdpa_flash": peer(sdpa_flash, "torch SDPA, FlashAttention-2 backend",
+                           supports=_cuda_half_only("SDPA flash")),
+        "sdpa_cudnn": peer(sdpa_cudnn, "torch SDPA, cuDNN backend", supports=_cuda_half_only("SDPA cuDNN")),
+        "sdpa_efficient": peer(sdpa_efficient, "torch SDPA, memory-efficient backend",
+                               supports=_cuda_half_only("SDPA mem-efficient")),
+        "flex": peer(flex_attention_compiled, "torch flex_attention, compiled (Triton)",
+                     supports=lambda case, device: None if device == "cuda" else "flex_attention compiled needs CUDA here"),
+    }
+    cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0], head_dim=[64], dtype=["fp32", "bf16"],
+                 causal=[False, True])
+    tolerance = {
+        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
+        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
+        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
+    }
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        b, h, d = case["batch"], case["heads"], case["head_dim"]
+        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
+        return {
+            "q": randn((b, h, sq, d), case.dtype, gen, device),
+            "k": randn((b, h, sk, d), case.dtype, gen, device),
+            "v": randn((b, h, sk, d), case.dtype, gen, device),
+            "causal": case["causal"],
+        }
+
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        return ("q", "k", "v")
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        """4*B*H*D per visible (query, key) pair: QK^T and PV, 2 FLOPs per multiply-add.
+
+        Causal counts the pairs actually visible (bottom-right aligned), not a flat half. The backward
+        does 2.5x the forward's matmul work (dV, dP, dQ, dK), so forward+backward is 3.5x.
+        """
+        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
+        if case["causal"]:
+            offset = sk - sq
+            pairs = sum(min(sk, i + 1 + offset) for i in range(sq))
+        else:
+            pairs = sq * sk
+        fwd = 4.0 * case["batch"] * case["heads"] * pairs * case["head_dim"]
+        return fwd * 3.5 if backward else fwd
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """Forward: read Q, K, V, write O. Backward adds: read Q, K, V, O, dO, write dQ, dK, dV."""
+        itemsize = case.dtype.itemsize
+        b, h, d = case["batch"], case["heads"], case["head_dim"]
+        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
+        fwd = itemsize * b * h * d * (2 * sq + 2 * sk)
+        bwd = itemsize * b * h * d * (4 * sq + 2 * sk) + itemsize * b * h * d * (sq + 2 * sk)
+        return fwd + bwd if backward else fwd

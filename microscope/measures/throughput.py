@@ -1,0 +1,112 @@
+"""Throughput: latency of every variant of a case, measured in interleaved rounds.
+
+Variants are never timed against a number stored from another run. Each round times every variant
+``reps`` times, in alternating order (A B C, then C B A, ...), so slow drifts of the machine (clock
+boost, thermals, a neighbour process) hit all variants alike; the statistics work on per-round medians.
+
+GPU: CUDA events around each call, the L2 cache overwritten before each call (outside the timed
+region) so that a kernel is not flattered by inputs left in cache by its previous repetition.
+CPU: ``time.perf_counter``. Under the Triton interpreter the figures describe the interpreter, not the
+kernel: records say so and reports mark them as not representative.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from microscope.config import ThroughputConfig
+
+L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H100/H200: 50 MB)
+
+
+@dataclass
+class Timing:
+    """Latency samples of one variant (milliseconds)."""
+
+    rounds: list[float] = field(default_factory=list)  # per-round medians, in round order
+    samples: list[float] = field(default_factory=list)  # every timed call
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def iqr_rel(self) -> float:
+        """Interquartile range of the per-call samples over their median (noise indicator)."""
+        if len(self.samples) < 4:
+            return 0.0
+        q = statistics.quantiles(self.samples, n=4)
+        med = statistics.median(self.samples)
+        return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+class Timer:
+    """Times one call of a thunk, in milliseconds, the right way for the device."""
+
+    def __init__(self, device: str, flush_l2: bool) -> None:
+        self.device = device
+        self._flush = None
+        if device == "cuda":
+            if flush_l2:
+                self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self, thunk: Callable[[], Any]) -> float:
+        if self.device != "cuda":
+            t0 = time.perf_counter()
+            thunk()
+            return (time.perf_counter() - t0) * 1e3
+        if self._flush is not None:
+            self._flush.zero_()
+        self._start.record()
+        thunk()
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end)
+
+
+def interleaved(
+    thunks: Mapping[str, Callable[[], Any]],
+    cfg: ThroughputConfig,
+    device: str,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, Timing]:
+    """Warm every variant up, then time all of them in interleaved rounds.
+
+    A variant that raises (during warm-up or a round) keeps its error and drops out of later rounds;
+    the others go on.
+    """
+    timer = Timer(device, cfg.flush_l2)
+    results = {name: Timing() for name in thunks}
+    for name, thunk in thunks.items():
+        try:
+            for _ in range(cfg.warmup):
+                thunk()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # recorded as a failed trial by the runner
+            results[name].error = f"{type(exc).__name__}: {exc}"
+    order = [n for n in thunks if results[n].error is None]
+    for r in range(cfg.rounds):
+        for name in order if r % 2 == 0 else reversed(order):
+            timing = results[name]
+            if timing.error is not None:
+                continue
+            try:
+                calls = [timer(thunks[name]) for _ in range(cfg.reps)]
+            except Exception as exc:
+                timing.error = f"{type(exc).__name__}: {exc}"
+                continue
+            timing.samples.extend(calls)
+            timing.rounds.append(statistics.median(calls))
+        if on_round is not None:
+            on_round(r)
+    return results

@@ -1,0 +1,331 @@
+"""Plans trials (variant x case x seed x dimension), runs them, and streams one record per measurement.
+
+The runner is the only place where plugins meet measurements. It guarantees that every variant of a
+case sees identical inputs (one seeded draw per case and repeat, shared by all variants), that a
+failure in one trial (an exception, NaN/Inf, out of memory) is recorded with its reason while every
+other trial goes on, and that each record reaches disk the moment it exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from microscope import env as envmod
+from microscope.api import Ablation, Case, Role, Variant, dtype_name, grid
+from microscope.config import RunConfig
+from microscope.measures import accuracy, memory, throughput
+from microscope.measures.calls import cotangents, fresh_inputs, make_call
+from microscope.measures.ceilings import Ceilings
+from microscope.seeding import derive_seed, generator, seed_everything
+from microscope.store.records import Record, RecordWriter
+
+INTERPRETER_NOTE = "Triton ran through its CPU interpreter: timings describe the interpreter, not the kernel"
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    out_dir: Path
+    records: list[Record]
+    interpreted: bool
+    device: str
+    seconds: float
+
+    @property
+    def failed(self) -> list[Record]:
+        return [r for r in self.records if r.status == "failed"]
+
+
+def plan_cases(plugin: Ablation, config: RunConfig) -> list[Case]:
+    """The plugin's case grid with the config's axes substituted (a full grid over the axes)."""
+    if not config.cases:
+        return list(plugin.cases)
+    axes: dict[str, list[Any]] = {}
+    for case in plugin.cases:
+        for axis, value in case.items:
+            values = axes.setdefault(axis, [])
+            if value not in values:
+                values.append(value)
+    for axis, values in config.cases.items():
+        axes[axis] = list(values)
+    return grid(**axes)
+
+
+def plan_variants(plugin: Ablation, config: RunConfig) -> list[tuple[str, Variant]]:
+    """Variants to run, baseline first; a config's ``variants:`` subset always keeps the baseline."""
+    chosen = set(config.variants)
+    return [(n, v) for n, v in plugin.iter_variants() if not chosen or n in chosen or v.role is Role.BASELINE]
+
+
+def skip_reason(variant: Variant, case: Case, device: str) -> str | None:
+    for need in variant.needs:
+        if need == "cuda" and device != "cuda":
+            return "needs a CUDA GPU"
+        if need == "triton":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "needs triton (pip install triton)"
+    if variant.supports is not None:
+        return variant.supports(case, device)
+    return None
+
+
+def new_run_id(plugin: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{plugin}"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return f"out of memory: {str(exc).splitlines()[0]}"
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" (at {Path(frame.filename).name}:{frame.lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class Runner:
+    """Runs one config for one plugin on one device and writes ``<out>/<run_id>/records.jsonl``."""
+
+    def __init__(
+        self,
+        plugin: Ablation,
+        config: RunConfig,
+        *,
+        device: str,
+        interpreted: bool,
+        out_root: Path,
+        config_text: str = "",
+        run_id: str | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plugin = plugin
+        self.config = config
+        self.device = device
+        self.interpreted = interpreted
+        self.run_id = run_id or new_run_id(plugin.name)
+        self.out_dir = Path(out_root) / self.run_id
+        self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
+        self.on_progress = on_progress or (lambda _msg: None)
+        self.records: list[Record] = []
+        self._writer: RecordWriter | None = None
+        self.ceilings: Ceilings | None = None
+
+    # -- planning -----------------------------------------------------------------------------
+    def trials(self) -> Iterator[tuple[Case, int]]:
+        cases = plan_cases(self.plugin, self.config)
+        yield from itertools.product(cases, range(self.config.repeats))
+
+    def steps(self) -> int:
+        dims = self.config.dimensions
+        per_case = dims.accuracy.enabled * self.config.repeats + dims.throughput.enabled + dims.memory.enabled
+        return len(plan_cases(self.plugin, self.config)) * per_case
+
+    # -- records ------------------------------------------------------------------------------
+    def _emit(self, case: Case, seed: int, name: str, variant: Variant, dimension: str, metric: str,
+              value: float | None, **kw: Any) -> None:
+        record = Record(
+            run_id=self.run_id, plugin=self.plugin.name, variant=name, role=variant.role.value,
+            case_id=case.id, case=case.params, seed=seed, dimension=dimension, metric=metric, value=value,
+            device=self.device, interpreted=self.interpreted, env=self.env, **kw,
+        )
+        self.records.append(record)
+        assert self._writer is not None
+        self._writer.write(record)
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        start = time.perf_counter()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        variants = plan_variants(self.plugin, self.config)
+        if self.device == "cuda" and self.config.dimensions.throughput.enabled:
+            self.on_progress("measuring device ceilings (matmul TFLOP/s, copy GB/s)")
+            self.ceilings = Ceilings.measure()
+        with RecordWriter(self.out_dir / "records.jsonl") as writer:
+            self._writer = writer
+            for case in plan_cases(self.plugin, self.config):
+                self._run_case(case, variants)
+        self._writer = None
+        return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
+                         time.perf_counter() - start)
+
+    def _run_case(self, case: Case, variants: Sequence[tuple[str, Variant]]) -> None:
+        dims = self.config.dimensions
+        active: list[tuple[str, Variant]] = []
+        enabled = [d for d in ("accuracy", "throughput", "memory") if getattr(dims, d).enabled]
+        seed0 = derive_seed(self.config.seed, self.plugin.name, case.id, 0)
+        for name, variant in variants:
+            reason = skip_reason(variant, case, self.device)
+            if reason is None:
+                active.append((name, variant))
+                continue
+            for dim in enabled:
+                self._emit(case, seed0, name, variant, dim, _MAIN_METRIC[dim], None, status="skipped", reason=reason)
+        broken: dict[str, str] = {}
+        first_inputs: dict[str, Any] | None = None
+        for rep in range(self.config.repeats if dims.accuracy.enabled else 1):
+            seed = derive_seed(self.config.seed, self.plugin.name, case.id, rep)
+            try:
+                seed_everything(seed)
+                inputs = self.plugin.inputs(case, generator(seed), self.device)
+            except Exception as exc:
+                why = f"plugin inputs() failed: {_describe(exc)}"
+                for name, variant in active:
+                    for dim in enabled:
+                        self._emit(case, seed, name, variant, dim, _MAIN_METRIC[dim], None, status="failed", reason=why)
+                self.on_progress(f"{case.id}: inputs failed")
+                return
+            if first_inputs is None:
+                first_inputs = inputs
+            if dims.accuracy.enabled:
+                self.on_progress(f"{case.id}: accuracy (repeat {rep + 1}/{self.config.repeats})")
+                broken.update(self._accuracy(case, seed, inputs, active))
+        assert first_inputs is not None
+        timed = [(n, v) for n, v in active if n not in broken]
+        for name, variant in active:
+            if name in broken:
+                for dim in enabled[1:] if enabled[0] == "accuracy" else enabled:
+                    self._emit(case, seed0, name, variant, dim, _MAIN_METRIC[dim], None, status="failed",
+                               reason=f"not measured: the variant failed to run ({broken[name]})")
+        if dims.throughput.enabled:
+            self.on_progress(f"{case.id}: throughput")
+            self._throughput(case, seed0, first_inputs, timed)
+        if dims.memory.enabled:
+            self.on_progress(f"{case.id}: memory")
+            self._memory(case, seed0, first_inputs, timed)
+
+    # -- dimensions ---------------------------------------------------------------------------
+    def _grad_names(self, case: Case, backward: bool) -> tuple[str, ...]:
+        return tuple(self.plugin.grad_inputs(case)) if backward else ()
+
+    def _cotangents(self, case: Case, seed: int, inputs: dict[str, Any], grad_names: Sequence[str]):
+        """Ground truth in float64, and the seeded output gradients every variant receives."""
+        x64 = fresh_inputs(inputs, grad_names, torch.float64)
+        outs = accuracy.as_tensors(self.plugin.reference(x64))
+        cots = cotangents(outs, generator(derive_seed(seed, "cotangent"))) if grad_names else None
+        return x64, outs, cots
+
+    def _accuracy(self, case: Case, seed: int, inputs: dict[str, Any],
+                  active: Sequence[tuple[str, Variant]]) -> dict[str, str]:
+        """Records every tensor's error; returns the variants that could not run at all."""
+        grad_names = self._grad_names(case, self.config.dimensions.accuracy.backward)
+        tol = self.plugin.tolerance_for(case)
+        broken: dict[str, str] = {}
+        try:
+            x64, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
+            truth = {name: o.detach() for name, o in zip(accuracy.output_names(outs64), outs64)}
+            if cots is not None:
+                grads = torch.autograd.grad(outs64, [x64[n] for n in grad_names],
+                                            [c.to(o) for c, o in zip(cots, outs64)])
+                truth.update({f"grad_{n}": g for n, g in zip(grad_names, grads)})
+        except Exception as exc:
+            why = f"float64 reference failed: {_describe(exc)}"
+            for name, variant in active:
+                self._emit(case, seed, name, variant, "accuracy", "rel_err", None, status="failed", reason=why)
+                broken[name] = why
+            return broken
+        errors: dict[str, dict[str, accuracy.TensorError]] = {}
+        for name, variant in active:
+            try:
+                got = accuracy.evaluate(variant, inputs, grad_names, cots)
+                errors[name] = {t: accuracy.compare(t, got[t], truth[t], tol) for t in truth if t in got}
+                missing = [t for t in truth if t not in got]
+                if missing:
+                    raise RuntimeError(f"variant did not produce {missing}")
+            except Exception as exc:
+                why = _describe(exc)
+                broken[name] = why
+                errors.pop(name, None)
+                self._emit(case, seed, name, variant, "accuracy", "rel_err", None, status="failed", reason=why)
+        base_name = self.plugin.baseline_variant()[0]
+        base_errs = errors.get(base_name, {})
+        for name, variant in active:
+            for tensor, err in errors.get(name, {}).items():
+                accuracy.judge(err, base_errs.get(tensor), tol, case.dtype)
+                status, reason = "ok", None
+                if err.nonfinite and torch.isfinite(truth[tensor]).all():
+                    status, reason = "failed", f"{tensor} has {err.nonfinite} NaN/Inf elements"
+                elif not err.passed:
+                    reason = err.reason
+                details = {k: getattr(err, k) for k in ("max_abs_err", "mismatch", "nonfinite", "ref_rel_err", "limit")}
+                details.update(tensor=tensor, dtype=dtype_name(case.dtype), tolerance=dataclasses.asdict(tol))
+                self._emit(case, seed, name, variant, "accuracy", f"{tensor}.rel_err",
+                           err.rel_err if status == "ok" else None, unit="ratio", status=status, reason=reason,
+                           passed=bool(err.passed) if status == "ok" else False, details=details)
+        return broken
+
+    def _throughput(self, case: Case, seed: int, inputs: dict[str, Any],
+                    timed: Sequence[tuple[str, Variant]]) -> None:
+        cfg = self.config.dimensions.throughput
+        grad_names = self._grad_names(case, cfg.backward)
+        thunks = {}
+        cots = None
+        if grad_names:
+            _, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
+            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        for name, variant in timed:
+            x = fresh_inputs(inputs, grad_names if variant.differentiable else ())
+            thunks[name] = make_call(variant, x, grad_names, bool(grad_names), cots)
+        results = throughput.interleaved(thunks, cfg, self.device)
+        mode = "forward+backward" if grad_names else "forward"
+        flops = self.plugin.flops(case, backward=bool(grad_names))
+        nbytes = self.plugin.bytes(case, backward=bool(grad_names))
+        for name, variant in timed:
+            timing = results[name]
+            if timing.error is not None or not timing.rounds:
+                self._emit(case, seed, name, variant, "throughput", "latency_ms", None, status="failed",
+                           reason=timing.error or "no timed round completed")
+                continue
+            notes = [INTERPRETER_NOTE] if self.interpreted else []
+            details = {"rounds": timing.rounds, "reps": cfg.reps, "warmup": cfg.warmup, "mode": mode,
+                       "timer": "cuda_event" if self.device == "cuda" else "perf_counter",
+                       "l2_flush": self.device == "cuda" and cfg.flush_l2, "iqr_rel": timing.iqr_rel,
+                       "n_samples": len(timing.samples), "notes": notes}
+            self._emit(case, seed, name, variant, "throughput", "latency_ms", timing.median_ms, unit="ms",
+                       details=details)
+            seconds = timing.median_ms / 1e3
+            for metric, amount, unit, scale in (("tflops", flops, "TFLOP/s", 1e12), ("gbps", nbytes, "GB/s", 1e9)):
+                if not amount:
+                    continue
+                extra: dict[str, Any] = {"mode": mode, "amount": amount, "notes": notes}
+                if self.ceilings is not None:
+                    ceiling = self.ceilings.tflops if metric == "tflops" else self.ceilings.gbps
+                    extra["fraction_of_ceiling"] = amount / seconds / scale / ceiling
+                    extra["ceiling"] = ceiling
+                self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
+                           details=extra)
+
+    def _memory(self, case: Case, seed: int, inputs: dict[str, Any],
+                timed: Sequence[tuple[str, Variant]]) -> None:
+        cfg = self.config.dimensions.memory
+        grad_names = self._grad_names(case, cfg.backward)
+        cots = None
+        if grad_names:
+            _, _, cots = self._cotangents(case, seed, inputs, grad_names)
+            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        mode = "forward+backward" if grad_names else "forward"
+        for name, variant in timed:
+            try:
+                x = fresh_inputs(inputs, grad_names if variant.differentiable else ())
+                thunk = make_call(variant, x, grad_names, bool(grad_names), cots)
+                peak, method = memory.peak_bytes(thunk, self.device)
+            except Exception as exc:
+                self._emit(case, seed, name, variant, "memory", "peak_bytes", None, status="failed",
+                           reason=_describe(exc))
+                continue
+            self._emit(case, seed, name, variant, "memory", "peak_bytes", peak, unit="bytes",
+                       details={"method": method, "mode": mode})
+
+
+_MAIN_METRIC = {"accuracy": "rel_err", "throughput": "latency_ms", "memory": "peak_bytes"}

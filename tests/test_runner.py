@@ -1,0 +1,116 @@
+"""The runner: identical inputs per case, failures isolated and recorded, records streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microscope import config as cfgmod
+from microscope import registry
+from microscope.runner import Runner
+
+TOY = "tests/plugins/toy.py"
+
+
+def _run(tmp_path, text: str, name: str = "run"):
+    cfg = cfgmod.loads(text, "toy.yaml")
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=None)
+    runner = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id=name)
+    return runner.run()
+
+
+BASE = f"""
+plugin: toy_gelu
+plugins: [{TOY}]
+seed: 7
+dimensions:
+  throughput: {{warmup: 1, rounds: 3, reps: 2}}
+  memory: {{backward: true}}
+"""
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("toy"), BASE)
+
+
+def _by(result, **match):
+    return [r for r in result.records if all(getattr(r, k) == v for k, v in match.items())]
+
+
+def test_correct_candidate_passes_every_tensor(toy_run):
+    acc = _by(toy_run, variant="fused", dimension="accuracy")
+    assert {r.metric for r in acc} == {"out.rel_err", "grad_x.rel_err", "grad_w.rel_err"}
+    assert len(acc) == 3 * 4  # three tensors x four cases
+    assert all(r.status == "ok" and r.passed for r in acc), [r.reason for r in acc if not r.passed]
+
+
+def test_all_zeros_output_fails_accuracy(toy_run):
+    out = _by(toy_run, variant="zeros", dimension="accuracy", metric="out.rel_err")
+    assert out and all(r.passed is False for r in out)
+    assert all(r.value == pytest.approx(1.0) for r in out)  # ||0 - y|| / ||y||
+    assert all("baseline" in r.reason for r in out)
+
+
+def test_raising_variant_is_recorded_failed_and_others_still_measured(toy_run):
+    failed = _by(toy_run, variant="raises")
+    assert failed and all(r.status == "failed" for r in failed)
+    assert "kernel launch failed on purpose" in failed[0].reason
+    assert {r.dimension for r in failed} == {"accuracy", "throughput", "memory"}
+    ok_latency = _by(toy_run, variant="fused", metric="latency_ms")
+    assert len(ok_latency) == 4 and all(r.status == "ok" and r.value > 0 for r in ok_latency)
+
+
+def test_nan_output_is_a_failed_trial(toy_run):
+    out = _by(toy_run, variant="nan", metric="out.rel_err")
+    assert out and all(r.status == "failed" and "NaN/Inf" in r.reason for r in out)
+
+
+def test_unavailable_variant_is_skipped_with_reason(toy_run):
+    skipped = _by(toy_run, variant="gpu_only")
+    assert skipped and all(r.status == "skipped" and r.reason == "needs a CUDA GPU" for r in skipped)
+
+
+def test_throughput_records_carry_interleaved_rounds(toy_run):
+    lat = _by(toy_run, variant="eager", metric="latency_ms")[0]
+    assert len(lat.details["rounds"]) == 3 and lat.details["reps"] == 2
+    assert lat.details["timer"] == "perf_counter"
+    assert _by(toy_run, variant="eager", metric="gbps")
+
+
+def test_cpu_peak_memory_is_measured_not_zero(toy_run):
+    mem = _by(toy_run, variant="eager", dimension="memory", case_id="rows=17,cols=33,fp32")[0]
+    out_bytes = 17 * 33 * 4
+    assert mem.details["method"] == "cpu_live_tensor_bytes"
+    assert mem.value >= out_bytes  # forward+backward holds at least the output
+
+
+def test_records_are_streamed_to_disk(toy_run):
+    lines = (toy_run.out_dir / "records.jsonl").read_text().splitlines()
+    assert len(lines) == len(toy_run.records)
+    first = json.loads(lines[0])
+    assert first["env"]["torch"] and first["env"]["config_hash"] and first["run_id"] == "run"
+
+
+ACCURACY_ONLY = BASE.replace(
+    "  throughput: {warmup: 1, rounds: 3, reps: 2}\n  memory: {backward: true}\n",
+    "  throughput: {enabled: false}\n  memory: {enabled: false}\n",
+)
+
+
+def test_same_config_and_seed_reproduce_accuracy_records(tmp_path):
+    a, b = (_run(tmp_path, ACCURACY_ONLY, name=f"same{i}") for i in range(2))
+
+    def key(result):
+        return [(r.variant, r.case_id, r.metric, r.value, r.status, r.seed) for r in result.records]
+
+    assert key(a) == key(b) and len(key(a)) > 10
+
+
+def test_different_seed_changes_inputs(tmp_path):
+    a = _run(tmp_path, ACCURACY_ONLY, "s7")
+    b = _run(tmp_path, ACCURACY_ONLY.replace("seed: 7", "seed: 8"), "s8")
+    va = [r.value for r in a.records if r.variant == "fused" and r.status == "ok"]
+    vb = [r.value for r in b.records if r.variant == "fused" and r.status == "ok"]
+    assert va != vb
