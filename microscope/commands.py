@@ -51,7 +51,7 @@ def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = 
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from microscope.report.console import summary_table
+    from microscope.report.console import skipped_summary, summary_table
     from microscope.runner import INTERPRETER_NOTE, Runner
 
     try:
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
         result = runner.run()
     console.print(summary_table(result.records, title=f"{plugin.name}: {result.run_id}"))
+    for line in skipped_summary(result.records):
+        console.print(f"[dim]skipped[/] {line}", highlight=False)
     _print_comparison(result, config, console)
     failed = result.failed
     console.print(f"{len(result.records)} records in {result.out_dir / 'records.jsonl'} "

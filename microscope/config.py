@@ -360,12 +360,15 @@ def loads(
     profiles = data.pop("profiles", {}) or {}
     quick_overlay = data.pop("quick", {}) or {}
     if not isinstance(profiles, dict) or any(not isinstance(v, dict) for v in profiles.values()):
-        problems.append(f"{file}:{lines.get('profiles', 0)}: profiles: expected 'profiles: {{cpu: {{...}}, cuda: {{...}}}}'")
+        problems.append(
+            f"{file}:{lines.get('profiles', 0)}: profiles: expected 'profiles: {{cpu: {{...}}, cuda: {{...}}}}'"
+        )
         profiles = {}
     for name in profiles:
         if name not in ("cpu", "cuda"):
             hint = _suggest(name, ["cpu", "cuda"])
-            problems.append(f"{file}:{lines.get(f'profiles.{name}', 0)}: profiles.{name}: unknown device{hint} (use cpu or cuda)")
+            at = f"{file}:{lines.get(f'profiles.{name}', 0)}"
+            problems.append(f"{at}: profiles.{name}: unknown device{hint} (use cpu or cuda)")
         else:
             # validate every profile, not only the one this run uses: a typo in the cuda profile
             # must show on a CPU laptop too

@@ -95,8 +95,8 @@ def _plugin():
 
 
 def test_unknown_case_axis_and_variant_need_the_plugin():
-    cfg = cfgmod.loads(f"plugin: toy_gelu\nplugins: [{TOY}]\nvariants: [eager, fusd]\ncases:\n  rowz: [3]\n  dtype: [bf61]\n",
-                       "ablations/bad.yaml")
+    text = f"plugin: toy_gelu\nplugins: [{TOY}]\nvariants: [eager, fusd]\ncases:\n  rowz: [3]\n  dtype: [bf61]\n"
+    cfg = cfgmod.loads(text, "ablations/bad.yaml")
     with pytest.raises(ConfigError) as info:
         cfgmod.check_against_plugin(cfg, _plugin())
     assert info.value.problems == [

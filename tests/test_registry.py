@@ -16,7 +16,8 @@ from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn
 @register({name!r})
 class Outside(Ablation):
     \"\"\"A plugin that lives outside the repository.\"\"\"
-    variants = {{"ref": baseline(lambda x: x.cumsum(-1)), "alt": candidate(lambda x: x @ torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype).triu())}}
+    variants = {{"ref": baseline(lambda x: x.cumsum(-1)),
+                "alt": candidate(lambda x: x @ torch.ones(x.shape[-1], x.shape[-1], dtype=x.dtype).triu())}}
     cases = grid(n=[5, 9], dtype=["fp32"])
     tolerance = {{"*": Tolerance(rtol=1e-5, atol=1e-5)}}
 

@@ -15,23 +15,23 @@ import torch
 from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
-from .peers import flex_attention_compiled, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math
+from .peers import PEERS, Peer
 from .reference import eager_attention
 
-HALF = ("fp16", "bf16")
+
+def _shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    b, h, d = case["batch"], case["heads"], case["head_dim"]
+    return (b, h, case["seq"], d), (b, h, case["seq"] + case["kv_prefix"], d)
 
 
-def _cuda_half_only(name: str, same_length_causal: bool = True):
-    """A ``supports`` rule for fused SDPA backends: CUDA, half precision, and (for causal) equal lengths."""
+def _peer_variant(p: Peer, description: str):
+    """A peer variant whose ``supports`` asks the backend's own rule (dtype, head dim, device...)."""
 
     def supports(case: Case, device: str) -> str | None:
-        if device != "cuda":
-            return f"{name} runs on CUDA only"
-        if case["dtype"] not in HALF:
-            return f"{name} supports fp16/bf16 only"
-        return None
+        q_shape, k_shape = _shapes(case)
+        return p.supports(q_shape, k_shape, case.dtype, device, case["causal"])
 
-    return supports
+    return peer(p.fn, description, supports=supports)
 
 
 def _triton_supports(case: Case, device: str) -> str | None:
@@ -48,14 +48,11 @@ class FlashAttention(Ablation):
         "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
         "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
                             needs=("triton",), supports=_triton_supports),
-        "sdpa_math": peer(sdpa_math, "torch SDPA, math backend"),
-        "sdpa_flash": peer(sdpa_flash, "torch SDPA, FlashAttention-2 backend",
-                           supports=_cuda_half_only("SDPA flash")),
-        "sdpa_cudnn": peer(sdpa_cudnn, "torch SDPA, cuDNN backend", supports=_cuda_half_only("SDPA cuDNN")),
-        "sdpa_efficient": peer(sdpa_efficient, "torch SDPA, memory-efficient backend",
-                               supports=_cuda_half_only("SDPA mem-efficient")),
-        "flex": peer(flex_attention_compiled, "torch flex_attention, compiled (Triton)",
-                     supports=lambda case, device: None if device == "cuda" else "flex_attention compiled needs CUDA here"),
+        "sdpa_math": _peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
+        "sdpa_flash": _peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
+        "sdpa_cudnn": _peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),
+        "sdpa_efficient": _peer_variant(PEERS["sdpa_efficient"], "torch SDPA, memory-efficient backend"),
+        "flex": _peer_variant(PEERS["flex"], "torch flex_attention, compiled (Triton)"),
     }
     cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0], head_dim=[64], dtype=["fp32", "bf16"],
                  causal=[False, True])
@@ -66,12 +63,11 @@ class FlashAttention(Ablation):
     }
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
-        b, h, d = case["batch"], case["heads"], case["head_dim"]
-        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
+        q_shape, k_shape = _shapes(case)
         return {
-            "q": randn((b, h, sq, d), case.dtype, gen, device),
-            "k": randn((b, h, sk, d), case.dtype, gen, device),
-            "v": randn((b, h, sk, d), case.dtype, gen, device),
+            "q": randn(q_shape, case.dtype, gen, device),
+            "k": randn(k_shape, case.dtype, gen, device),
+            "v": randn(k_shape, case.dtype, gen, device),
             "causal": case["causal"],
         }
 

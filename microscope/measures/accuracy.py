@@ -66,7 +66,8 @@ def evaluate(
 def compare(name: str, y: torch.Tensor, truth: torch.Tensor, tol: Tolerance) -> TensorError:
     """Raw error numbers of ``y`` against ``truth`` (float64), before any pass/fail judgement."""
     if y.shape != truth.shape:
-        return TensorError(name, float("inf"), float("inf"), 1.0, 0, reason=f"shape {tuple(y.shape)} != {tuple(truth.shape)}")
+        reason = f"shape {tuple(y.shape)} != {tuple(truth.shape)}"
+        return TensorError(name, float("inf"), float("inf"), 1.0, 0, reason=reason)
     y64 = y.detach().to(torch.float64)
     t64 = truth.detach().to(device=y64.device, dtype=torch.float64)
     nonfinite = int((~torch.isfinite(y64)).sum())

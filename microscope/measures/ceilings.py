@@ -23,7 +23,7 @@ class Ceilings:
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         mm_ms = _median_ms(lambda: torch.mm(a, b), reps)
-        del a, b
+        a = b = None  # free 256 MiB before the copy test
         src = torch.empty(2**28, device="cuda", dtype=torch.uint8)  # 256 MiB, well beyond L2
         dst = torch.empty_like(src)
         copy_ms = _median_ms(lambda: dst.copy_(src), reps)

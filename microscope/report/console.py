@@ -10,6 +10,19 @@ from rich.table import Table
 from microscope.store.records import Record
 
 
+_ROLE_ORDER = {"baseline": 0, "candidate": 1, "peer": 2}
+
+
+def skipped_summary(records: Iterable[Record]) -> list[str]:
+    """One line per skipped variant and reason, with the number of cases: ``flex: needs CUDA (4 cases)``."""
+    cases: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in records:
+        if r.status == "skipped":
+            cases[(r.variant, r.reason or "")].add(r.case_id)
+    return [f"{variant}: {reason} ({len(ids)} case{'s' if len(ids) > 1 else ''})"
+            for (variant, reason), ids in cases.items()]
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -19,10 +32,14 @@ def summary_table(records: Iterable[Record], title: str = "") -> Table:
     rows: dict[tuple[str, str, str], dict[str, object]] = defaultdict(dict)
     roles: dict[str, str] = {}
     for r in records:
+        if r.status == "skipped":
+            continue  # listed once per variant by skipped_summary, not as empty rows
         row = rows[(r.plugin, r.variant, r.case_id)]
         roles[r.variant] = r.role
         if r.status != "ok":
-            row.setdefault("problems", []).append(f"{r.dimension} {r.status}: {r.reason}")  # type: ignore[union-attr]
+            problem = f"{r.status}: {r.reason}"
+            if problem not in row.setdefault("problems", []):  # type: ignore[operator]
+                row["problems"].append(problem)  # type: ignore[union-attr]
             continue
         if r.dimension == "accuracy":
             row["err"] = max(row.get("err", 0.0), r.value)  # type: ignore[type-var]
@@ -39,7 +56,9 @@ def summary_table(records: Iterable[Record], title: str = "") -> Table:
                          ("IQR/med", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
                          ("peak MiB", "right"), ("notes", "left")):
         table.add_column(col, justify=justify, overflow="fold")
-    for (plugin, variant, case), row in rows.items():
+    case_order = {key[2]: i for i, key in reversed(list(enumerate(rows)))}
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0][0], case_order[kv[0][2]], _ROLE_ORDER[roles[kv[0][1]]]))
+    for (plugin, variant, case), row in ordered:
         passed = row.get("pass")
         acc = "-" if passed is None else ("[green]pass[/]" if passed else "[red]FAIL[/]")
         peak = row.get("peak_bytes")

@@ -1,0 +1,583 @@
+"""The tidy comparison table: one row per (plugin, case, metric, non-baseline variant) vs the baseline.
+
+``compare_records`` reads the run records (``pandas.json_normalize`` of the record dicts, as
+``microscope.store.records.records_frame`` makes them) and compares every candidate and peer with the
+baseline of the same plugin, case, dimension and metric. It dispatches on the kind of metric:
+
+* **latency**: throughput metric named ``latency*`` or ``*_ms`` with ``details.rounds`` (per-round
+  medians); effect = ratio cand/base from ``compare_latency``; faster / slower / equivalent /
+  inconclusive.
+* **numerics**: accuracy records carrying a ``passed`` flag (operator error vs float64, e.g.
+  ``rel_err``); effect = error ratio cand/base (worst record); pass / fail from the flags, which the
+  accuracy measure set with ``microscope.stats.numerics``.
+* **model accuracy**: other accuracy metrics (eval loss, token accuracy); effect = delta cand - base
+  (paired per-token/per-example bootstrap, else Welch over seeds); better / worse / non-inferior /
+  equivalent / inconclusive.
+* **memory**: ``dimension == "memory"`` or a ``*bytes`` metric; effect = ratio cand/base; less /
+  more / same (deterministic, no p).
+* **distribution**: stability and generalization, one value per seed; effect = delta cand - base
+  of the mean; better / worse / equivalent / inconclusive (``compare_distributions``).
+* **rate**: other throughput metrics (TFLOP/s, GB/s, tokens/s); effect = ratio cand/base; ``info``
+  (no test: derived from the same timed calls as the latency row, testing them again would count
+  one measurement twice).
+
+Records that failed or were skipped give rows with verdict ``"failed"`` / ``"skipped"`` and the
+reason in ``notes``; a failed or missing baseline marks its candidates' rows the same way. A row whose
+statistics raise (malformed details) gets verdict ``"error"``; the table itself never raises on bad
+records.
+
+Record ``details`` keys read here: ``rounds`` (latency), ``per_token`` / ``per_example`` (paired
+model accuracy, same order for every variant), ``margin`` (non-inferiority / equivalence margin in
+metric units, default 0), ``higher_is_better`` (else guessed from the metric name), ``per_seed``
+(distribution values when one record holds all seeds), ``reasons`` (why a numerics check failed).
+
+Multiple comparisons (``microscope.stats.multiple``), per ``family_by`` group (default: per plugin,
+each plugin being its own claim): Holm over the *gating* family (candidates' latency and
+model-accuracy tests), Benjamini-Hochberg over the *exploratory* rows (peers, stability,
+generalization). Raw ``p`` and adjusted ``p_adj`` are both kept; a verdict that needs significance
+(faster, slower, better, worse) whose ``p_adj >= alpha`` is downgraded to ``"inconclusive"`` with a
+note. Numerics, memory and rate rows have no p-value (deterministic or derived measurements).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .accuracy import compare_paired_accuracy, compare_seed_accuracy
+from .bootstrap import DEFAULT_N_BOOT, make_rng
+from .distributions import compare_distributions
+from .latency import compare_latency
+from .multiple import benjamini_hochberg, holm
+
+__all__ = ["TABLE_COLUMNS", "compare_records", "higher_is_better", "metric_kind", "save_table"]
+
+TABLE_COLUMNS: tuple[str, ...] = (
+    "plugin",
+    "case_id",
+    "dimension",
+    "metric",
+    "baseline",
+    "candidate",
+    "role",
+    "baseline_value",
+    "candidate_value",
+    "ratio_or_delta",
+    "ci_low",
+    "ci_high",
+    "p",
+    "p_adj",
+    "verdict",
+    "n",
+    "notes",
+)
+_KEYS = ["plugin", "case_id", "dimension", "metric"]
+_FLOATS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj")
+#: Verdicts that claim a significant difference and so must survive the multiplicity adjustment.
+SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower"})
+_ROLE_ORDER = {"candidate": 0, "peer": 1}
+
+_LOWER_HINTS = (
+    "loss",
+    "ppl",
+    "perplex",
+    "err",
+    "nan",
+    "inf",
+    "spike",
+    "gap",
+    "cv",
+    "latency",
+    "time",
+    "bytes",
+    "divergen",
+)
+_HIGHER_HINTS = (
+    "acc",
+    "flops",
+    "gbps",
+    "gb_s",
+    "tok",
+    "throughput",
+    "speedup",
+    "per_s",
+    "score",
+    "f1",
+    "bleu",
+    "exact_match",
+)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Guess the direction of improvement from a metric name (loss/err/... lower; acc/tflops/... higher).
+
+    Records can state it explicitly with ``details.higher_is_better``, which wins over this guess.
+    """
+    m = metric.lower()
+    if any(h in m for h in _LOWER_HINTS):
+        return False
+    return any(h in m for h in _HIGHER_HINTS)
+
+
+def metric_kind(dimension: str, metric: str, has_passed: bool = False) -> str:
+    """latency | numerics | model_accuracy | memory | distribution | rate | info (see the module table)."""
+    m, d = metric.lower(), dimension.lower()
+    if m.startswith("latency") or (d == "throughput" and m.endswith(("_ms", "_us", "_ns"))):
+        return "latency"
+    if d == "memory" or m.endswith("bytes"):
+        return "memory"
+    if d == "accuracy":
+        return "numerics" if has_passed else "model_accuracy"
+    if d in ("stability", "generalization"):
+        return "distribution"
+    if d == "throughput":
+        return "rate"
+    return "info"
+
+
+@dataclass
+class _Row:
+    plugin: str
+    case_id: str
+    dimension: str
+    metric: str
+    baseline: str
+    candidate: str
+    role: str
+    baseline_value: float = math.nan
+    candidate_value: float = math.nan
+    ratio_or_delta: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    p: float = math.nan
+    p_adj: float = math.nan
+    verdict: str = "inconclusive"
+    n: int | None = None
+    notes: list[str] = field(default_factory=list)
+    family: str | None = None  # "gating" | "exploratory" | None (no test)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {c: getattr(self, c) for c in TABLE_COLUMNS}
+        d["notes"] = "; ".join(n for n in self.notes if n)
+        return d
+
+
+def _missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    return False
+
+
+def _detail(rec: pd.Series, key: str) -> Any:
+    """``details.<key>`` of a record row, whether the frame was normalized or holds a ``details`` dict."""
+    col = f"details.{key}"
+    if col in rec.index and not _missing(rec[col]):
+        return rec[col]
+    d = rec.get("details")
+    if isinstance(d, dict) and not _missing(d.get(key)):
+        return d[key]
+    return None
+
+
+def _first_detail(recs: Iterable[pd.DataFrame], key: str) -> Any:
+    for frame in recs:
+        for _, rec in frame.iterrows():
+            v = _detail(rec, key)
+            if v is not None:
+                return v
+    return None
+
+
+def _floats(recs: pd.DataFrame) -> np.ndarray:
+    v = pd.to_numeric(recs["value"], errors="coerce").to_numpy(dtype=float)
+    return v[np.isfinite(v)]
+
+
+def _median(v: np.ndarray) -> float:
+    return float(np.median(v)) if v.size else math.nan
+
+
+def _ratio(c: float, b: float) -> float:
+    if math.isnan(b) or math.isnan(c):
+        return math.nan
+    if b == 0:
+        return 1.0 if c == 0 else math.inf
+    return c / b
+
+
+def _by_seed(recs: pd.DataFrame) -> pd.DataFrame:
+    if "seed" in recs.columns and recs["seed"].notna().all():
+        return recs.sort_values("seed", kind="stable")
+    return recs
+
+
+def _seeds(recs: pd.DataFrame) -> list[Any] | None:
+    if "seed" not in recs.columns or recs["seed"].isna().any():
+        return None
+    return list(_by_seed(recs)["seed"])
+
+
+def _arrays(recs: pd.DataFrame, key: str) -> list[np.ndarray] | None:
+    """The ``details[key]`` array of every record in seed order, or None if any record lacks it."""
+    out = []
+    for _, rec in _by_seed(recs).iterrows():
+        v = _detail(rec, key)
+        if v is None:
+            return None
+        out.append(np.asarray(v, dtype=float).ravel())
+    return out
+
+
+def _aligned(base: pd.DataFrame, cand: pd.DataFrame, b: list[np.ndarray], c: list[np.ndarray]) -> bool:
+    """True when the two record lists pair up: same seeds and same per-record lengths."""
+    sb, sc = _seeds(base), _seeds(cand)
+    same_seeds = (sb == sc) if (sb is not None and sc is not None) else len(b) == len(c) == 1
+    return same_seeds and len(b) == len(c) and all(x.size == y.size for x, y in zip(b, c))
+
+
+def _reasons(recs: pd.DataFrame) -> str:
+    rs = [str(r) for r in recs.get("reason", pd.Series(dtype=object)) if not _missing(r) and str(r)]
+    return "; ".join(dict.fromkeys(rs)) or "no reason recorded"
+
+
+def _status_of(recs: pd.DataFrame) -> str:
+    return "failed" if (recs["status"] == "failed").any() else "skipped"
+
+
+# -- one comparison per kind ---------------------------------------------------------------------------
+
+
+def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    b, c = _arrays(base, "rounds"), _arrays(cand, "rounds")
+    row.family = "gating" if row.role == "candidate" else "exploratory"
+    if b is None or c is None:
+        bv, cv = _median(_floats(base)), _median(_floats(cand))
+        row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, _ratio(cv, bv)
+        row.verdict, row.n, row.family = "inconclusive", min(len(base), len(cand)), None
+        row.notes.append("ratio cand/base of recorded values; no per-round samples (details.rounds): no test")
+        return
+    paired = _aligned(base, cand, b, c)
+    res = compare_latency(
+        np.concatenate(b),
+        np.concatenate(c),
+        alpha=opts["alpha"],
+        min_band=opts["min_band"],
+        n_boot=opts["n_boot"],
+        seed=opts["rng"],
+        max_band=opts["max_band"],
+        paired=paired,
+    )
+    row.baseline_value, row.candidate_value, row.ratio_or_delta = res.base_median, res.cand_median, res.effect
+    row.ci_low, row.ci_high, row.p, row.verdict = res.ci_low, res.ci_high, res.p, res.verdict
+    row.n = min(res.n_base, res.n_cand)
+    effect = "median per-round ratio" if res.paired else "ratio of medians"
+    row.notes.append(
+        f"{effect} cand/base; {res.test}; band +-{res.tau:.1%}; P(cand faster)={res.prob_faster:.2f}"
+    )
+    row.notes.extend(res.notes)
+
+
+def _memory(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    bvals, cvals = _floats(base), _floats(cand)
+    bv, cv = _median(bvals), _median(cvals)
+    ratio = _ratio(cv, bv)
+    row.baseline_value, row.candidate_value, row.ratio_or_delta, row.n = bv, cv, ratio, len(cvals)
+    band = opts["memory_band"]
+    row.verdict = "less" if ratio < 1 - band else "more" if ratio > 1 + band else "same"
+    row.notes.append("ratio cand/base of peak memory; deterministic, no test")
+    for label, vals in (("baseline", bvals), ("candidate", cvals)):
+        if vals.size and np.ptp(vals) > 0:
+            row.notes.append(
+                f"{label} varies across records ({vals.min():.6g}..{vals.max():.6g}); median used"
+            )
+
+
+def _numerics(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    bvals, cvals = _floats(base), _floats(cand)
+    bv = float(bvals.max()) if bvals.size else math.nan
+    cv = float(cvals.max()) if cvals.size else math.nan
+    row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, _ratio(cv, bv)
+    row.n = len(cand)
+    flags = [None if _missing(v) else bool(v) for v in cand["passed"]] if "passed" in cand.columns else [None]
+    if any(f is None for f in flags):
+        row.verdict = "inconclusive"
+        row.notes.append("error ratio cand/base; a record has no pass/fail flag")
+        return
+    row.verdict = "pass" if all(flags) else "fail"
+    row.notes.append("error ratio cand/base (worst record)")
+    if not all(flags):
+        why = _first_detail([cand[~np.array(flags)]], "reasons")
+        failed = len(flags) - sum(flags)
+        row.notes.append(
+            f"{failed} of {len(flags)} record(s) failed the tolerance"
+            + (f": {why if isinstance(why, str) else '; '.join(map(str, why))}" if why else "")
+        )
+
+
+def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    margin = _first_detail([cand, base], "margin")
+    margin = float(margin) if margin is not None else 0.0
+    hib = _first_detail([cand, base], "higher_is_better")
+    hib = bool(hib) if hib is not None else higher_is_better(row.metric)
+    kw = {"alpha": opts["alpha"], "margin": margin, "higher_is_better": hib, "seed": opts["rng"]}
+    res = None
+    for key in ("per_token", "per_example"):
+        b, c = _arrays(base, key), _arrays(cand, key)
+        if b is not None and c is not None and _aligned(base, cand, b, c):
+            res = compare_paired_accuracy(np.concatenate(b), np.concatenate(c), **kw)
+            break
+    if res is None:
+        bvals, cvals = _floats(base), _floats(cand)
+        if bvals.size >= 2 and cvals.size >= 2:
+            res = compare_seed_accuracy(bvals, cvals, method="welch", **kw)
+        else:
+            bv, cv = _median(bvals), _median(cvals)
+            row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, cv - bv
+            row.n = int(min(bvals.size, cvals.size))
+            row.notes.append("delta cand-base; one measurement per variant and no per-token losses: no test")
+            return
+    row.family = "gating" if row.role == "candidate" else "exploratory"
+    row.baseline_value, row.candidate_value, row.ratio_or_delta = res.base_mean, res.cand_mean, res.estimate
+    row.ci_low, row.ci_high, row.p, row.verdict, row.n = res.ci_low, res.ci_high, res.p, res.verdict, res.n
+    row.notes.append(
+        f"delta cand-base ({res.method}); margin {margin:g}; {'higher' if hib else 'lower'} is better"
+    )
+    row.notes.extend(res.notes)
+
+
+def _distribution(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    def values(recs: pd.DataFrame) -> np.ndarray:
+        per_seed = _arrays(recs, "per_seed")
+        if per_seed is not None and len(recs) == 1:
+            return per_seed[0]
+        return pd.to_numeric(_by_seed(recs)["value"], errors="coerce").to_numpy(dtype=float)
+
+    bvals, cvals = values(base), values(cand)
+    lib = _first_detail([cand, base], "higher_is_better")
+    lower = (not bool(lib)) if lib is not None else not higher_is_better(row.metric)
+    margin = _first_detail([cand, base], "margin")
+    sb, sc = _seeds(base), _seeds(cand)
+    paired = sb is not None and sb == sc and bvals.size == cvals.size and len(base) > 1
+    res = compare_distributions(
+        bvals,
+        cvals,
+        alpha=opts["alpha"],
+        margin=float(margin or 0.0),
+        lower_is_better=lower,
+        paired=paired,
+        n_boot=opts["n_boot"],
+        seed=opts["rng"],
+    )
+    row.family = "exploratory"
+    row.baseline_value, row.candidate_value, row.ratio_or_delta = res.base_center, res.cand_center, res.delta
+    row.ci_low, row.ci_high, row.p, row.verdict = res.ci_low, res.ci_high, res.p, res.verdict
+    row.n = min(res.n_base, res.n_cand)
+    row.notes.append(
+        f"delta cand-base of the {res.statistic} over seeds; Mann-Whitney; "
+        f"P(cand > base)={res.prob_greater:.2f}; {'lower' if lower else 'higher'} is better"
+    )
+    row.notes.extend(res.notes)
+
+
+def _info(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    bv, cv = _median(_floats(base)), _median(_floats(cand))
+    row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, _ratio(cv, bv)
+    row.verdict, row.n = "info", min(len(base), len(cand))
+    if row.dimension == "throughput":
+        row.notes.append("ratio cand/base; derived from the timed calls, tested on the latency row")
+    else:
+        row.notes.append("ratio cand/base; no test for this kind of metric")
+
+
+_HANDLERS = {
+    "latency": _latency,
+    "memory": _memory,
+    "numerics": _numerics,
+    "model_accuracy": _model_accuracy,
+    "distribution": _distribution,
+    "rate": _info,
+    "info": _info,
+}
+
+
+# -- assembling the table ------------------------------------------------------------------------------
+
+
+def _prepare(frame: pd.DataFrame | Sequence[dict[str, Any]]) -> pd.DataFrame:
+    if not isinstance(frame, pd.DataFrame):
+        rows = list(frame)
+        frame = pd.json_normalize(rows, max_level=1) if rows else pd.DataFrame()
+    df = frame.copy()
+    for col in (
+        "plugin",
+        "variant",
+        "role",
+        "case_id",
+        "dimension",
+        "metric",
+        "status",
+        "reason",
+        "value",
+        "passed",
+        "seed",
+    ):
+        if col not in df.columns:
+            df[col] = None
+    for col in ("plugin", "variant", "role", "case_id", "dimension", "metric"):
+        df[col] = df[col].map(lambda v: "" if _missing(v) else str(v))
+    df["status"] = df["status"].map(lambda v: "ok" if _missing(v) else str(v))
+    df["role"] = df["role"].replace("", "candidate")
+    return df.reset_index(drop=True)
+
+
+def _compare_group(key: tuple[str, ...], grp: pd.DataFrame, opts: dict[str, Any]) -> list[_Row]:
+    plugin, case_id, dimension, metric = key
+    base = grp[grp["role"] == "baseline"]
+    others = grp[grp["role"] != "baseline"]
+    base_name = str(base["variant"].iloc[0]) if len(base) else ""
+    base_ok = base[base["status"] == "ok"]
+    problem: tuple[str, str] | None = None
+    if len(base) == 0:
+        problem = ("skipped", "no baseline record for this case and metric: nothing to compare with")
+    elif len(base_ok) == 0:
+        st = _status_of(base)
+        problem = (st, f"baseline {st}: {_reasons(base)}")
+    has_passed = "passed" in grp.columns and grp["passed"].map(lambda v: not _missing(v)).any()
+    kind = metric_kind(dimension, metric, bool(has_passed))
+    rows: list[_Row] = []
+
+    order = sorted(
+        dict.fromkeys(others["variant"]),
+        key=lambda v: _ROLE_ORDER.get(str(others.loc[others["variant"] == v, "role"].iloc[0]), 2),
+    )
+    for variant in order:
+        recs = others[others["variant"] == variant]
+        row = _Row(plugin, case_id, dimension, metric, base_name, variant, str(recs["role"].iloc[0]))
+        ok = recs[recs["status"] == "ok"]
+        if len(ok) == 0:
+            row.verdict = _status_of(recs)
+            row.notes.append(_reasons(recs))
+        elif problem is not None:
+            row.verdict = problem[0]
+            row.notes.append(problem[1])
+        else:
+            if len(ok) < len(recs):
+                bad = recs[recs["status"] != "ok"]
+                row.notes.append(
+                    f"{len(bad)} of {len(recs)} record(s) {_status_of(bad)} ({_reasons(bad)}); "
+                    "compared the rest"
+                )
+            try:
+                opts["rng"] = make_rng(opts["seed"], plugin, case_id, dimension, metric, variant)
+                _HANDLERS[kind](row, base_ok, ok, opts)
+            except Exception as exc:  # a malformed record must not take the whole table down
+                row.verdict, row.family = "error", None
+                row.notes.append(f"statistics failed: {type(exc).__name__}: {exc}")
+        rows.append(row)
+    if not order and problem is not None and len(base):
+        row = _Row(plugin, case_id, dimension, metric, base_name, base_name, "baseline", verdict=problem[0])
+        row.notes.append(problem[1])
+        rows.append(row)
+    return rows
+
+
+def _adjust(rows: list[_Row], alpha: float, family_by: str | None) -> None:
+    groups: dict[Any, list[_Row]] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, family_by) if family_by else None, []).append(r)
+    for members in groups.values():
+        for family, method, adjust in (("gating", "Holm", holm), ("exploratory", "BH", benjamini_hochberg)):
+            fam = [r for r in members if r.family == family and math.isfinite(r.p)]
+            if not fam:
+                continue
+            for r, adj in zip(fam, adjust([r.p for r in fam])):
+                r.p_adj = float(adj)
+                if r.verdict in SIGNIFICANT_VERDICTS and not r.p_adj < alpha:
+                    r.notes.append(
+                        f"{r.verdict} at raw p={r.p:.3g} but p_adj={r.p_adj:.3g} >= {alpha:g} "
+                        f"after {method} over {len(fam)} {family} tests: inconclusive"
+                    )
+                    r.verdict = "inconclusive"
+
+
+def compare_records(
+    frame: pd.DataFrame | Sequence[dict[str, Any]],
+    alpha: float = 0.05,
+    min_band: float = 0.01,
+    *,
+    max_band: float = 0.05,
+    memory_band: float = 0.0,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+    family_by: str | None = "plugin",
+) -> pd.DataFrame:
+    """The comparison table of a run's records (see the module docstring); columns ``TABLE_COLUMNS``.
+
+    ``frame`` is ``records_frame(run)`` (or a list of record dicts). ``min_band``/``max_band`` are the
+    latency noise-band floor and the widest band an equivalence claim may use (``compare_latency``);
+    ``memory_band`` the relative difference below which peak memory is "same" (0: exactly equal, as
+    allocator peaks are deterministic). ``seed`` seeds every bootstrap (each row derives its own
+    stream from it and the row's keys, so rows do not depend on each other). ``family_by`` is the
+    column whose values delimit multiple-comparison families (None: the whole table is one family).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    if family_by is not None and family_by not in TABLE_COLUMNS:
+        raise ValueError(f"family_by must be a table column or None, got {family_by!r}")
+    df = _prepare(frame)
+    if df.empty:
+        return _to_frame([])
+    opts = {
+        "alpha": alpha,
+        "min_band": min_band,
+        "max_band": max_band,
+        "memory_band": memory_band,
+        "n_boot": n_boot,
+        "seed": seed,
+    }
+    rows: list[_Row] = []
+    for key, grp in df.groupby(_KEYS, sort=False):
+        rows.extend(_compare_group(tuple(key), grp, opts))
+    _adjust(rows, alpha, family_by)
+    return _to_frame(rows)
+
+
+def _to_frame(rows: list[_Row]) -> pd.DataFrame:
+    out = pd.DataFrame([r.as_dict() for r in rows], columns=list(TABLE_COLUMNS))
+    for col in _FLOATS:
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
+    out["n"] = pd.array(out["n"].tolist(), dtype="Int64")
+    for col in TABLE_COLUMNS:
+        if col not in _FLOATS and col != "n":
+            out[col] = out[col].astype(object)
+    return out
+
+
+def save_table(df: pd.DataFrame, folder: str | Path) -> list[Path]:
+    """Write ``comparison.csv`` and ``comparison.parquet`` (``comparison.json`` if pyarrow is missing).
+
+    Returns the paths written. Parquet keeps the dtypes (nullable ``n``, float NaNs) for later
+    machine reading; CSV is for eyes and spreadsheets; JSON is the dependency-free fallback.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / "comparison.csv"]
+    df.to_csv(written[0], index=False)
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        path = folder / "comparison.json"
+        df.to_json(path, orient="records", indent=1)
+    else:
+        path = folder / "comparison.parquet"
+        df.to_parquet(path, index=False)
+    written.append(path)
+    return written

@@ -1,0 +1,72 @@
+"""Stability / generalization distributions over seeds, and the per-seed summaries."""
+
+import math
+
+import numpy as np
+import pytest
+
+from microscope.stats import compare_distributions, count_loss_spikes, count_nonfinite, grad_norm_cv
+
+BASE_SPIKES = [0, 1, 0, 2, 1, 0, 1, 0]
+CAND_SPIKES = [3, 4, 2, 5, 3, 4, 6, 3]
+
+
+def test_more_loss_spikes_is_worse_and_fewer_is_better():
+    worse = compare_distributions(BASE_SPIKES, CAND_SPIKES, n_boot=2000)
+    assert worse.verdict == "worse"
+    assert worse.delta == pytest.approx(np.mean(CAND_SPIKES) - np.mean(BASE_SPIKES))
+    assert worse.ci_low > 0 and worse.p < 0.01
+    assert worse.prob_greater == 63.5 / 64  # one tie (2 vs 2) of 64 pairs counts half
+    better = compare_distributions(CAND_SPIKES, BASE_SPIKES, n_boot=2000)
+    assert better.verdict == "better" and better.ci_high < 0
+    neutral = compare_distributions(BASE_SPIKES, CAND_SPIKES, lower_is_better=None, n_boot=2000)
+    assert neutral.verdict == "higher"
+    accuracy_like = compare_distributions(BASE_SPIKES, CAND_SPIKES, lower_is_better=False, n_boot=2000)
+    assert accuracy_like.verdict == "better"
+
+
+def test_equal_distributions_rarely_differ():
+    rng = np.random.default_rng(0)
+    false = 0
+    sims = 1200
+    for s in range(sims):
+        res = compare_distributions(rng.gamma(2.0, 0.1, 8), rng.gamma(2.0, 0.1, 8), n_boot=200, seed=s)
+        false += res.verdict in ("better", "worse")
+    assert false / sims <= 0.065  # alpha = 0.05 plus Monte-Carlo slack (2.5 sd at 1200 runs)
+
+
+def test_known_shift_in_medians_is_covered():
+    rng = np.random.default_rng(1)
+    base = rng.normal(0.30, 0.02, 12)
+    cand = rng.normal(0.20, 0.02, 12)  # e.g. a lower grad-norm CV
+    res = compare_distributions(base, cand, statistic="median", n_boot=2000)
+    assert res.verdict == "better"
+    assert res.ci_low <= -0.10 <= res.ci_high
+
+
+def test_equivalence_cases_and_small_samples():
+    zeros = compare_distributions([0, 0, 0, 0], [0, 0, 0, 0])
+    assert zeros.verdict == "equivalent"  # no NaN steps anywhere
+    close = compare_distributions([1.00, 1.02, 0.98, 1.01], [1.01, 0.99, 1.00, 1.02], margin=0.1, n_boot=1000)
+    assert close.verdict == "equivalent"
+    assert compare_distributions([1.00, 1.02, 0.98, 1.01], [1.01, 0.99, 1.00, 1.02], n_boot=1000).verdict == (
+        "inconclusive"
+    )
+    tiny = compare_distributions([1.0], [2.0, 3.0])
+    assert tiny.verdict == "inconclusive" and math.isnan(tiny.p)
+    paired = compare_distributions([1.0, 2.0, math.nan, 4.0], [1.5, 2.5, 3.5, 4.5], paired=True, n_boot=500)
+    assert paired.n_base == paired.n_cand == 3 and any("non-finite" in n for n in paired.notes)
+
+
+def test_per_seed_summaries():
+    assert grad_norm_cv([1.0, 2.0, 3.0]) == pytest.approx(0.5)  # std (ddof=1) 1 / mean 2
+    assert grad_norm_cv([1.0, 2.0, 3.0, math.nan]) == pytest.approx(0.5)
+    assert math.isnan(grad_norm_cv([1.0]))
+    assert count_nonfinite([1.0, math.nan, math.inf, -math.inf, 2.0]) == 3
+    loss = np.full(40, 2.0)
+    loss[10], loss[20] = 4.0, 3.5  # +100% and +75%: spikes
+    loss[30] = 2.5  # +25%: below the 50% threshold
+    loss[35] = math.nan  # not a spike (counted by count_nonfinite)
+    assert count_loss_spikes(loss) == 2
+    assert count_loss_spikes(loss, threshold=0.2) == 3
+    assert count_loss_spikes([10.0, 1.0, 1.0]) == 0  # too little history to judge
