@@ -42,6 +42,7 @@ import torch
 __all__ = [
     "DTYPES",
     "Ablation",
+    "Arm",
     "Case",
     "Role",
     "Tolerance",
@@ -209,6 +210,27 @@ def peer(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:
     return Variant(fn, Role.PEER, description or (fn.__doc__ or "").strip().split("\n")[0], **kw)
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a model-level comparison on the embedded workload (``microscope.workloads``).
+
+    Every arm starts from the same model config, initial weights, data order and seeds; an arm then
+    differs by any of: ``model`` (``ModelConfig`` field overrides, e.g. ``{"norm_eps": 1e-3}``),
+    ``recipe`` (``TrainRecipe`` field overrides, e.g. ``{"precision": "bf16"}``, ``{"betas": (0.95,
+    0.95)}``, ``{"checkpoint_every": 1}``) and ``patch`` (called with the freshly built model before
+    training, to swap a module or a swap point such as ``model.set_attention(fn)``).
+    ``needs``/``supports`` work as for ``Variant``; ``supports(case, device)`` may refuse a case.
+    """
+
+    role: Role = Role.CANDIDATE
+    description: str = ""
+    patch: Callable[[Any], None] | None = None
+    model: Mapping[str, Any] = field(default_factory=dict)
+    recipe: Mapping[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    supports: Callable[[Case, str], str | None] | None = None
+
+
 def randn(
     shape: Sequence[int],
     dtype: torch.dtype,
@@ -227,19 +249,23 @@ def randn(
 class Ablation:
     """Base class of every plugin. Subclass it, fill in the class attributes, decorate with ``register``.
 
-    Required: ``variants`` (exactly one baseline), ``cases``, ``tolerance`` (keyed by dtype name), and
-    ``inputs``. Optional: ``grad_inputs``, ``flops``, ``bytes``, ``reference``.
+    Operator level (inputs -> outputs): ``variants`` (exactly one baseline), ``cases``, ``tolerance``
+    (keyed by dtype name) and ``inputs``; optional ``grad_inputs``, ``flops``, ``bytes``, ``reference``.
+
+    Model level (the same change inside the embedded model, trained and evaluated): ``arms``, exactly
+    one with ``Role.BASELINE``. A plugin may have both levels (flash_attn does); a config picks one
+    with ``level:``.
     """
 
     #: Set by ``register``.
     name: ClassVar[str] = ""
-    #: ``"operator"``: variants map inputs to outputs.
-    level: ClassVar[str] = "operator"
     variants: ClassVar[Mapping[str, Variant]] = {}
     #: The default case grid; a config's ``cases:`` may narrow or replace its axes.
     cases: ClassVar[Sequence[Case]] = ()
     #: Per dtype name; ``"*"`` is the fallback.
     tolerance: ClassVar[Mapping[str, Tolerance]] = {}
+    #: Model level: arm name -> how the embedded model or its training differs.
+    arms: ClassVar[Mapping[str, Arm]] = {}
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
         """Tensors for one case, drawn from the harness's seeded generator (use ``randn``)."""
@@ -275,6 +301,11 @@ class Ablation:
         if len(found) != 1:
             raise TypeError(f"plugin {self.name!r} must declare exactly one baseline variant, found {len(found)}")
         return found[0]
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The levels this plugin supports: ``"operator"`` (variants) and/or ``"model"`` (arms)."""
+        return tuple(level for level, has in (("operator", self.variants), ("model", self.arms)) if has)
 
     def iter_variants(self) -> Iterator[tuple[str, Variant]]:
         """Baseline first, then candidates, then peers: the order tables are printed in."""
@@ -317,9 +348,12 @@ def register(name: str) -> Callable[[type[Ablation]], type[Ablation]]:
         if name in _REGISTERED and _REGISTERED[name][1] != origin:
             raise RegistrationError(name, _REGISTERED[name][1], origin)
         cls.name = name
-        if not cls.variants:
-            raise TypeError(f"plugin {name!r} declares no variants")
-        cls.baseline_variant(cls)  # type: ignore[arg-type]  # validates exactly one baseline
+        if not cls.variants and not cls.arms:
+            raise TypeError(f"plugin {name!r} declares neither variants (operator level) nor arms (model level)")
+        if cls.variants:
+            cls.baseline_variant(cls)  # type: ignore[arg-type]  # validates exactly one baseline
+        if cls.arms and sum(a.role is Role.BASELINE for a in cls.arms.values()) != 1:
+            raise TypeError(f"plugin {name!r} must declare exactly one baseline arm")
         _REGISTERED[name] = (cls, origin)
         return cls
 

@@ -81,11 +81,41 @@ class StatsConfig:
 
 
 @dataclass(frozen=True)
+class WorkloadConfig:
+    """Model level: the embedded workload every arm is trained and evaluated on.
+
+    ``profile`` names a size in ``microscope.workloads.profiles`` (``tiny`` for CPUs, ``gpu``);
+    ``model``, ``recipe`` and ``corpus`` override single fields of its ``ModelConfig``,
+    ``TrainRecipe`` and ``CorpusSpec`` for every arm (an arm's own overrides come last).
+    """
+
+    profile: str = "tiny"
+    seeds: int = 3  # independent seeds (init, data order, dropout); every arm sees the same ones
+    task: Literal["lm", "recall"] = "lm"  # next-token LM on the corpus, or associative recall
+    steps: int | None = None  # training steps (default: the profile's)
+    batch_size: int | None = None
+    eval_tokens: int | None = None  # predicted tokens per evaluation split (default: the profile's)
+    decode_tokens: int = 16  # greedy decode steps timed through the KV cache
+    margin: float = 0.0  # non-inferiority margin of the validation loss, in nats
+    model: Mapping[str, Any] = field(default_factory=dict)
+    recipe: Mapping[str, Any] = field(default_factory=dict)
+    corpus: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Field names allowed under workload.model / .recipe / .corpus (checked against the dataclasses).
+def _workload_schemas() -> dict[str, type]:
+    from microscope.workloads import CorpusSpec, ModelConfig, TrainRecipe
+
+    return {"model": ModelConfig, "recipe": TrainRecipe, "corpus": CorpusSpec}
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run: a plugin, the cases and variants to try, and the dimensions to measure."""
 
     plugin: str
     description: str = ""
+    level: Literal["auto", "operator", "model"] = "auto"  # auto: operator if the plugin has variants
     plugins: tuple[str, ...] = ()  # extra plugin files (relative to the config) or module names
     seed: int = 0
     repeats: int = 1  # accuracy: independent input draws per case
@@ -95,6 +125,7 @@ class RunConfig:
     cases: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # axis -> values
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     # provenance: where the config came from and which line each dotted field was written on
     path: str = "<inline>"
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -243,7 +274,8 @@ def _check_value(value: Any, tp: Any, dotted: str, at: str, problems: list[str])
 
 
 _NON_NEGATIVE = {"warmup", "seed"}
-_POSITIVE = {"rounds", "reps", "repeats", "timeout_s", "alpha", "min_band"}
+_POSITIVE = {"rounds", "reps", "repeats", "timeout_s", "alpha", "min_band", "seeds", "steps", "batch_size",
+             "eval_tokens"}
 
 
 def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int], problems: list[str]) -> Any:
@@ -273,6 +305,8 @@ def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int
             kwargs[key] = _build(tp, value, dotted, file, lines, problems)
         elif key == "cases":
             kwargs[key] = _check_cases(value, dotted, at, problems)
+        elif cls is WorkloadConfig and key in ("model", "recipe", "corpus"):
+            kwargs[key] = _check_overrides(value, _workload_schemas()[key], dotted, at, problems)
         else:
             before = len(problems)
             kwargs[key] = _check_value(value, tp, dotted, at(dotted), problems)
@@ -293,6 +327,20 @@ def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int
     if missing or any(v is None for v in kwargs.values() if v is None):
         return None
     return cls(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _check_overrides(value: Any, schema: type, dotted: str, at: Any, problems: list[str]) -> dict[str, Any]:
+    """``workload.model`` etc.: keys must be fields of the workload dataclass they override."""
+    if not isinstance(value, Mapping):
+        problems.append(f"{at(dotted)}: {dotted}: expected a mapping of {schema.__name__} fields")
+        return {}
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"{schema.__name__} has {', '.join(known)}"
+            problems.append(f"{at(f'{dotted}.{key}')}: {dotted}.{key}: unknown {schema.__name__} field; {hint}")
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in value.items()}
 
 
 def _check_cases(value: Any, dotted: str, at: Any, problems: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -391,9 +439,33 @@ def loads(
     return dataclasses.replace(config, path=file, lines=dict(lines))
 
 
+def effective_level(config: RunConfig, plugin: Ablation) -> str:
+    """``operator`` or ``model``: the config's ``level``, or for ``auto`` operator when the plugin has it."""
+    if config.level != "auto":
+        return config.level
+    return "operator" if plugin.variants else "model"
+
+
 def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
-    """Problems that need the plugin: unknown variants, unknown case axes, values of the wrong kind."""
+    """Problems that need the plugin: level, unknown variants or arms, unknown case axes, wrong kinds."""
     problems: list[str] = []
+    level = effective_level(config, plugin)
+    if level not in plugin.levels:
+        problems.append(
+            f"{config.where('level')}: level: plugin {plugin.name!r} has no {level} level; "
+            f"it supports {', '.join(plugin.levels)}"
+        )
+        raise ConfigError(problems)
+    if level == "model":
+        names = list(plugin.arms)
+        for i, name in enumerate(config.variants):
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the plugin's arms are {', '.join(names)}"
+                problems.append(f"{config.where(f'variants[{i}]')}: variants[{i}]: no arm {name!r}; {hint}")
+        if problems:
+            raise ConfigError(problems)
+        return
     names = list(plugin.variants)
     for i, name in enumerate(config.variants):
         if name not in names:
