@@ -27,6 +27,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results/)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+    run.add_argument("--reports", type=Path, default=Path("reports"),
+                     help="where the Markdown and HTML reports go (default: reports/)")
+    run.add_argument("--no-report", action="store_true", help="write records only, no reports")
+    rep = sub.add_parser("report", help="rebuild the reports of a saved run (nothing is rerun)")
+    rep.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")
+    rep.add_argument("--format", nargs="+", default=["md", "html"], choices=["md", "html"])
+    rep.add_argument("--out", type=Path, default=Path("reports"))
+    cmp = sub.add_parser("compare", help="how run B differs from run A (e.g. main vs a branch)")
+    cmp.add_argument("run_a", type=Path)
+    cmp.add_argument("run_b", type=Path)
+    cmp.add_argument("--out", type=Path, default=Path("reports"))
+    cmp.add_argument("--force", action="store_true", help="compare even if the runs used different corpora")
     lst = sub.add_parser("list", help="list plugins, their variants and cases")
     lst.add_argument("--plugins", nargs="*", default=[], help="extra plugin files or modules to load")
     val = sub.add_parser("validate", help="check configs without running anything")
@@ -49,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             return commands.list_plugins(args, console)
         if args.command == "validate":
             return commands.validate(args, console)
+        if args.command == "report":
+            return commands.report(args, console)
+        if args.command == "compare":
+            return commands.compare(args, console)
     except commands.UserError as exc:
         err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
         return commands.EXIT_BAD_INPUT

@@ -88,7 +88,41 @@ def run(args: argparse.Namespace, console: Console) -> int:
     failed = result.failed
     console.print(f"{len(result.records)} records in {result.out_dir / 'records.jsonl'} "
                   f"({result.seconds:.1f} s); {len(failed)} failed trial record(s).")
+    if not args.no_report:
+        _write_reports(result.out_dir, ("md", "html"), args.reports, console)
     return EXIT_FAILED_TRIALS if failed else EXIT_OK
+
+
+def _write_reports(results_dir: Path, formats, out: Path, console: Console) -> None:  # noqa: ANN001
+    from microscope.report.load import ReportError
+    from microscope.report.publish import report_command
+
+    try:
+        paths = report_command(results_dir, formats, out)
+    except ReportError as exc:
+        raise UserError(str(exc)) from exc
+    for path in paths.values():
+        console.print(f"report: {path}", highlight=False)
+
+
+def report(args: argparse.Namespace, console: Console) -> int:
+    if not args.results_dir.is_dir():
+        raise UserError(f"{args.results_dir}: no such results folder (expected results/<run-id>/)")
+    _write_reports(args.results_dir, args.format, args.out, console)
+    return EXIT_OK
+
+
+def compare(args: argparse.Namespace, console: Console) -> int:
+    from microscope.report.load import ReportError
+    from microscope.report.publish import compare_command
+
+    try:
+        paths = compare_command(args.run_a, args.run_b, args.out, force=args.force)
+    except ReportError as exc:
+        raise UserError(str(exc)) from exc
+    for path in paths.values():
+        console.print(f"report: {path}", highlight=False)
+    return EXIT_OK
 
 
 def _print_comparison(result, config, console: Console) -> None:  # noqa: ANN001
