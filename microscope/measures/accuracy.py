@@ -8,6 +8,7 @@ and what makes an all-zeros output fail: its relative error is 1, far above any 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,12 +92,14 @@ def judge(err: TensorError, ref_err: TensorError | None, tol: Tolerance, dtype: 
     if err.reason:
         err.passed = False
         return err
-    ref_rel = ref_err.rel_err if ref_err is not None else 0.0
-    ref_mismatch = ref_err.mismatch if ref_err is not None else 0.0
-    err.ref_rel_err = ref_rel
-    err.limit = tol.ref_factor * max(ref_rel, unit_roundoff(dtype))
-    allowed_mismatch = max(tol.max_mismatch, tol.ref_factor * ref_mismatch)
     reasons = []
+    usable = ref_err is not None and math.isfinite(ref_err.rel_err) and not ref_err.nonfinite
+    ref_rel = ref_err.rel_err if usable else 0.0
+    ref_mismatch = ref_err.mismatch if usable else 0.0
+    err.ref_rel_err = ref_err.rel_err if ref_err is not None else float("nan")
+    # where the baseline itself broke (e.g. overflowed), only the declared tolerance can judge
+    err.limit = tol.ref_factor * max(ref_rel, unit_roundoff(dtype)) if usable else math.inf
+    allowed_mismatch = max(tol.max_mismatch, tol.ref_factor * ref_mismatch)
     if err.nonfinite:
         reasons.append(f"{err.nonfinite} NaN/Inf elements")
     if not err.rel_err <= err.limit:
@@ -108,5 +111,7 @@ def judge(err: TensorError, ref_err: TensorError | None, tol: Tolerance, dtype: 
             f"and {tol.ref_factor:g} x the baseline's {ref_mismatch:.2%})"
         )
     err.passed = not reasons
+    if not usable and ref_err is not None:
+        reasons.append("baseline output not finite: judged by the declared tolerance alone")
     err.reason = "; ".join(reasons)
     return err
