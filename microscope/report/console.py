@@ -9,7 +9,6 @@ from rich.table import Table
 
 from microscope.store.records import Record
 
-
 _ROLE_ORDER = {"baseline": 0, "candidate": 1, "peer": 2}
 
 

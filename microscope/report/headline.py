@@ -1,0 +1,324 @@
+"""The first thing a reviewer reads: one sentence per dimension and (baseline, candidate) pair.
+
+"throughput: triton faster than eager in 6/8 cases (×1.83 to ×3.1); 1 inconclusive, 1 failed".
+Sentences come from the statistics engine's verdicts when the run has a comparison table; a dimension
+the table does not cover (or a run without a table) gets a sentence from the raw records instead,
+which says plainly that it carries no statistical verdict. Text here is plain, unescaped: each writer
+escapes it for its own format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from . import fmt
+from .load import RunData
+
+#: Verdicts that mean "this row changed something": the rows the short table keeps.
+SIGNIFICANT = ("fail", "slower", "more", "worse", "faster", "less", "better", "higher", "lower")
+#: Verdicts a reviewer must look at before merging (failed trials and statistics errors included).
+REGRESSIONS = ("fail", "failed", "error", "slower", "more", "worse")
+IMPROVEMENTS = ("faster", "less", "better")
+TRIAL_VERDICTS = ("failed", "skipped")
+#: "info" rows (TFLOP/s, GB/s, tokens/s) are derived from the latency row's calls: no headline of their own.
+_FAMILY_BY_VERDICT = {"faster": "latency", "slower": "latency", "pass": "check", "fail": "check",
+                      "less": "memory", "more": "memory", "same": "memory", "better": "model",
+                      "worse": "model", "non-inferior": "model", "higher": "model", "lower": "model",
+                      "info": "info"}
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One verdict sentence; ``tone`` (good | bad | warn | neutral) colours the card it becomes."""
+
+    dimension: str
+    text: str
+    tone: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def row_family(dimension: str, metric: str, verdict: str) -> str:
+    """Which vocabulary a comparison row speaks: latency, check (pass/fail), memory, model or info."""
+    if verdict in _FAMILY_BY_VERDICT:
+        return _FAMILY_BY_VERDICT[verdict]
+    if dimension == "throughput":
+        return "latency" if fmt.is_time_metric(metric) else "info"
+    if dimension == "memory":
+        return "memory"
+    if dimension == "accuracy" and metric.endswith("rel_err"):
+        return "check"
+    return "model"
+
+
+def ratios(rows: pd.DataFrame) -> pd.Series:
+    """candidate / baseline per row: the engine's effect when it is a usable ratio, else from the values.
+
+    Memory rows always use the values: their ``ratio_or_delta`` may be a byte delta.
+    """
+    if not len(rows):
+        return pd.Series(dtype=float, index=rows.index)
+    effect = pd.to_numeric(rows["ratio_or_delta"], errors="coerce")
+    base = pd.to_numeric(rows["baseline_value"], errors="coerce")
+    cand = pd.to_numeric(rows["candidate_value"], errors="coerce")
+    usable = np.isfinite(effect) & (effect > 0)
+    from_values = (cand / base).where(np.isfinite(base) & np.isfinite(cand) & (base > 0))
+    out = effect.where(usable & (rows["dimension"] != "memory"), from_values)
+    return out.fillna(effect.where(usable))
+
+
+def _tone(counts: Counter, all_pass: bool = False) -> str:
+    if any(counts[v] for v in ("fail", "failed", "worse", "error")):
+        return "bad"
+    if any(counts[v] for v in ("slower", "more")):
+        return "warn"
+    if any(counts[v] for v in IMPROVEMENTS) or all_pass:
+        return "good"
+    return "neutral"
+
+
+def _rest(counts: Counter, shown: tuple[str, ...]) -> str:
+    order = ["equivalent", "non-inferior", "same", "inconclusive", "pass", "fail", "faster", "slower",
+             "less", "more", "better", "worse", "higher", "lower", "failed", "error", "skipped"]
+    extra = [v for v in counts if v not in order]
+    parts = [f"{counts[v]} {v or 'no verdict'}" for v in order + sorted(extra)
+             if counts[v] and v not in shown]
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _latency_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
+    n, unit = len(rows), "cases" if rows["metric"].nunique() <= 1 else "measurements"
+    faster, slower = rows[rows["verdict"] == "faster"], rows[rows["verdict"] == "slower"]
+
+    def factor(frame: pd.DataFrame, gain: bool) -> list[float]:
+        out = []
+        for r, metric in zip(ratios(frame), frame["metric"]):
+            if not (r > 0):
+                continue
+            time_like = not fmt.is_rate_metric(str(metric))
+            out.append((1 / r if time_like else r) if gain else (r if time_like else 1 / r))
+        return out
+
+    parts = []
+    if len(faster):
+        spread = fmt.span(factor(faster, True), fmt.times)
+        parts.append(f"{cand} faster than {base} in {len(faster)}/{n} {unit}"
+                     + (f" ({spread})" if spread else ""))
+    if len(slower):
+        spread = fmt.span(factor(slower, False), fmt.times)
+        lead = "slower in" if parts else f"{cand} slower than {base} in"
+        parts.append(f"{lead} {len(slower)}/{n} {unit}" + (f" ({spread} slower)" if spread else ""))
+    if not parts:
+        measured = [r for r in ratios(rows) if r > 0]
+        spread = fmt.span(measured, fmt.times)
+        parts.append(f"{cand} vs {base}: no significant latency difference in {n} {unit}"
+                     + (f" (latency ratio {spread})" if spread else ""))
+    return ", ".join(parts), ("faster", "slower")
+
+
+def _memory_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
+    n = len(rows)
+    parts = []
+    for verdict, word in (("less", "less"), ("more", "more")):
+        sel = rows[rows["verdict"] == verdict]
+        if not len(sel):
+            continue
+        changes = [r - 1 for r in ratios(sel) if r > 0]
+        spread = fmt.span(changes, fmt.pct)
+        lead = f"{word} in" if parts else f"{cand} uses {word} peak memory than {base} in"
+        parts.append(f"{lead} {len(sel)}/{n} cases" + (f" ({spread})" if spread else ""))
+    if not parts:
+        parts.append(f"{cand} vs {base}: no peak-memory difference in {n} cases")
+    return ", ".join(parts), ("less", "more")
+
+
+def _check_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, ...]]:
+    judged = rows[rows["verdict"].isin(["pass", "fail"])]
+    passes, fails = int((judged["verdict"] == "pass").sum()), judged[judged["verdict"] == "fail"]
+    text = f"{cand}: {passes}/{len(rows)} accuracy checks pass"
+    if len(fails):
+        worst = fails.assign(_v=pd.to_numeric(fails["candidate_value"], errors="coerce")).sort_values(
+            "_v", ascending=False, na_position="last").iloc[0]
+        text += (f", {len(fails)} fail (worst: {worst['metric']} "
+                 f"{fmt.metric_value(str(worst['metric']), worst['candidate_value'])} in {worst['case_id']})")
+    cases = rows.groupby("case_id")["verdict"].agg(lambda v: set(v) <= {"pass"})
+    if rows["case_id"].nunique() > 1:
+        text += f"; all checks pass in {int(cases.sum())}/{len(cases)} cases"
+    return text, ("pass", "fail")
+
+
+def _model_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
+    if len(rows) <= 4:
+        items = []
+        for _, row in rows.iterrows():
+            effect = fmt.finite(row["ratio_or_delta"])
+            ci = fmt.ci(row["ci_low"], row["ci_high"])
+            extra = "" if effect is None else f" (effect {effect:.3g}, CI {ci})"
+            where = f" [{row['case_id']}]" if rows["case_id"].nunique() > 1 else ""
+            items.append(f"{row['metric']}{where} {row['verdict'] or 'no verdict'}{extra}")
+        return f"{cand} vs {base}: " + "; ".join(items), tuple(rows["verdict"].unique())
+    counts = Counter(rows["verdict"])
+    verdicts = [v for v in ("better", "worse", "higher", "lower", "non-inferior", "equivalent", "inconclusive")
+                if counts[v]]
+    body = ", ".join(f"{v} in {counts[v]}" for v in verdicts) or "no verdicts"
+    return f"{cand} vs {base}: {body} of {len(rows)} comparisons", tuple(verdicts)
+
+
+def with_baselines(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows with an empty baseline (a trial that failed before any comparison) get their plugin's
+    baseline, so they count with the same variant pair instead of reading "triton vs ?"."""
+    named = table[table["baseline"] != ""]
+    if len(named) == len(table) or not len(named):
+        return table
+    usual = named.groupby("plugin")["baseline"].agg(lambda s: s.mode().iloc[0])
+    fill = table["plugin"].map(usual).fillna("")
+    return table.assign(baseline=table["baseline"].where(table["baseline"] != "", fill))
+
+
+def from_comparison(table: pd.DataFrame) -> list[Headline]:
+    """Headlines from the statistics engine's verdicts, grouped by dimension and variant pair."""
+    if table is None or not len(table):
+        return []
+    table = with_baselines(table)
+    table = table.assign(_family=[row_family(d, m, v) for d, m, v in
+                                  zip(table["dimension"], table["metric"], table["verdict"])])
+    table = table[table["_family"] != "info"]
+    plugins = table["plugin"].nunique() > 1
+    out = []
+    for (dim, plugin, base, cand, family), rows in table.groupby(
+            ["dimension", "plugin", "baseline", "candidate", "_family"], sort=False):
+        counts = Counter(rows["verdict"])
+        if sum(counts[v] for v in TRIAL_VERDICTS) == len(rows):
+            text = (f"{plugin}: " if plugins else "") + f"{cand} vs {base}: not measured" + _rest(counts, ())
+            out.append(Headline(str(dim), text, "bad" if counts["failed"] else "neutral", dict(counts)))
+            continue
+        if family == "latency":
+            text, shown = _latency_sentence(rows, base, cand)
+        elif family == "memory":
+            text, shown = _memory_sentence(rows, base, cand)
+        elif family == "check":
+            text, shown = _check_sentence(rows, cand)
+        else:
+            text, shown = _model_sentence(rows, base, cand)
+        text = (f"{plugin}: " if plugins else "") + text + _rest(counts, shown)
+        all_pass = family == "check" and counts["pass"] == len(rows)
+        out.append(Headline(str(dim), text, _tone(counts, all_pass), dict(counts)))
+    return out
+
+
+_ROLE_ORDER = {"baseline": 0, "candidate": 1, "peer": 2}
+#: Within a dimension: what needs a look first, "not measured" last.
+_TONE_ORDER = {"bad": 0, "warn": 1, "good": 2, "neutral": 3}
+
+
+def by_role(records: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(variant, its records), baseline first, then candidates, then peers, each in record order."""
+    groups = list(records.groupby("variant", sort=False))
+    return sorted(groups, key=lambda kv: _ROLE_ORDER.get(str(kv[1]["role"].iloc[0]), 3))
+
+
+def _baselines(records: pd.DataFrame) -> dict[str, str]:
+    base = records[records["role"] == "baseline"]
+    return {str(p): str(g["variant"].iloc[0]) for p, g in base.groupby("plugin")}
+
+
+def _trial_tail(rows: pd.DataFrame) -> str:
+    counts = Counter(rows["status"])
+    parts = [f"{counts[s]} {s}" for s in TRIAL_VERDICTS if counts[s]]
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def _ratio_sentence(dim: str, records: pd.DataFrame, metric: str, plugin: str, base: str) -> list[Headline]:
+    """Raw candidate/baseline ratios per case for one metric (no statistics, and it says so)."""
+    ok = records[(records["status"] == "ok") & (records["metric"] == metric)]
+    per = ok.groupby(["variant", "case_id"])["value"].median()
+    out = []
+    for variant, rows in by_role(records):
+        if variant == base:
+            continue
+        ratios = [per[(variant, c)] / per[(base, c)] for c in rows["case_id"].unique()
+                  if (variant, c) in per and (base, c) in per and per[(base, c)] > 0]
+        tail = _trial_tail(rows)
+        tone = "bad" if (rows["status"] == "failed").any() else "neutral"
+        if not ratios:
+            if tail:
+                out.append(Headline(dim, f"{variant} vs {base}: not measured{tail}", tone))
+            continue
+        mid = _geomean(ratios) if dim == "throughput" else float(pd.Series(ratios).median())
+        if dim == "throughput":
+            text = (f"{variant} vs {base}: latency {fmt.times(mid)} the baseline's (geometric mean over "
+                    f"{len(ratios)} cases, {fmt.span(ratios, fmt.times)}; above 1 is slower); "
+                    "no statistical verdict")
+        else:
+            text = (f"{variant} vs {base}: peak memory {fmt.pct((mid or 0) - 1)} (median over {len(ratios)} "
+                    f"cases, {fmt.span([r - 1 for r in ratios], fmt.pct)}); no statistical verdict")
+        out.append(Headline(dim, (f"{plugin}: " if plugin else "") + text + tail, tone))
+    return out
+
+
+def from_records(records: pd.DataFrame, dimensions: list[str]) -> list[Headline]:
+    """Headlines for dimensions without verdicts: pass/fail from the records, raw ratios otherwise."""
+    out: list[Headline] = []
+    baselines = _baselines(records)
+    multi = records["plugin"].nunique() > 1
+    for dim in dimensions:
+        drows = records[records["dimension"] == dim]
+        for plugin, prows in drows.groupby("plugin", sort=False):
+            tag = str(plugin) if multi else ""
+            base = baselines.get(str(plugin))
+            if dim == "accuracy":
+                out += _accuracy_from_records(prows, tag)
+            elif dim in ("throughput", "memory") and base:
+                out += _ratio_sentence(dim, prows, "latency_ms" if dim == "throughput" else "peak_bytes",
+                                       tag, base)
+            else:
+                metrics = ", ".join(sorted(prows["metric"].unique())[:6])
+                variants = ", ".join(prows["variant"].unique()[:6])
+                n_ok = int((prows["status"] == "ok").sum())
+                text = (f"{tag + ': ' if tag else ''}{n_ok} measurements of {metrics} for {variants}; "
+                        f"no statistical verdict{_trial_tail(prows)}")
+                out.append(Headline(dim, text, "bad" if (prows["status"] == "failed").any() else "neutral"))
+    return out
+
+
+def _accuracy_from_records(rows: pd.DataFrame, tag: str) -> list[Headline]:
+    out = []
+    for variant, vrows in by_role(rows):
+        judged = vrows[(vrows["status"] == "ok") & vrows["passed"].notna()]
+        flags = judged["passed"].map(bool)  # an object column of True/False
+        passes = int(flags.sum())
+        fails = judged[~flags]
+        failed = vrows[vrows["status"] == "failed"]
+        if not len(judged) and not len(failed):
+            continue
+        prefix = f"{tag}: " if tag else ""
+        text = f"{prefix}{variant}: {passes}/{len(judged) + len(failed)} accuracy checks pass"
+        if len(fails):
+            worst = fails.sort_values("value", ascending=False, na_position="last").iloc[0]
+            text += (f", {len(fails)} fail (worst: {worst['metric']} "
+                     f"{fmt.metric_value(str(worst['metric']), worst['value'])} in {worst['case_id']})")
+        text += _trial_tail(vrows)
+        counts = Counter({"pass": passes, "fail": len(fails), "failed": len(failed)})
+        out.append(Headline("accuracy", text, _tone(counts, all_pass=passes > 0), dict(counts)))
+    return out
+
+
+def headlines(run: RunData) -> list[Headline]:
+    """Every dimension of the run gets at least one sentence (verdicts where they exist), in the design's
+    dimension order and, within a dimension, regressions first."""
+    out = from_comparison(run.comparison) if run.comparison is not None else []
+    covered = {h.dimension for h in out}
+    missing = [d for d in run.dimensions if d not in covered]
+    if len(run.records):
+        out += from_records(run.records, missing)
+    order = {d: i for i, d in enumerate(run.dimensions)}
+    return sorted(out, key=lambda h: (order.get(h.dimension, len(order)), _TONE_ORDER.get(h.tone, 4)))

@@ -1,0 +1,237 @@
+"""Read a results folder into one ``RunData``: the only thing the Markdown and HTML writers look at.
+
+A report must come out of any run a user can produce: a run killed mid-write (a cut last line), a run
+whose statistics never ran (no ``comparison.csv``), a run with a single dimension, a run where every
+trial failed. So everything except ``records.jsonl`` is optional, and problems found while reading
+(an unreadable instrument file, a cut line) become ``notes`` the report prints instead of exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+#: The statistics engine's table, in its column order (``microscope.stats``).
+COMPARISON_COLUMNS = (
+    "plugin", "case_id", "dimension", "metric", "baseline", "candidate", "role", "baseline_value",
+    "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj", "verdict", "n", "notes",
+)
+NUMERIC_COLUMNS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj",
+                   "n")
+#: Optional instrument outputs saved in the run folder, keyed by the attribute that holds them.
+INSTRUMENT_FILES = {"divergence": "divergence.json", "trace_diff": "trace_diff.json",
+                    "graph_diff": "graph_diff.json"}
+#: Record columns every downstream step may rely on, even for an empty or odd records file.
+RECORD_COLUMNS = ("run_id", "plugin", "variant", "role", "case_id", "seed", "dimension", "metric", "value",
+                  "unit", "status", "reason", "passed", "device", "interpreted")
+
+
+class ReportError(Exception):
+    """A results folder that cannot be reported on at all (no records); printed without a traceback."""
+
+
+@dataclass
+class RunData:
+    """Everything a report shows about one run (or about two runs compared, see ``compare.py``).
+
+    ``records``: one row per record, nested fields flattened one level (``details.rounds``,
+    ``case.seq``; the environment is in ``envs``, not in columns). ``comparison``: the statistics
+    engine's table, or None when the run has none (the report then shows raw numbers without
+    verdicts). ``envs``: the environment per run, keyed by a label ("" for a single run, "A"/"B" for
+    a comparison). ``notes``: problems met while loading or comparing, printed as warnings.
+    """
+
+    run_id: str
+    records: pd.DataFrame
+    comparison: pd.DataFrame | None = None
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config_text: str | None = None
+    divergence: dict[str, Any] | None = None
+    trace_diff: dict[str, Any] | None = None
+    graph_diff: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    title: str = ""
+    path: Path | None = None
+
+    @property
+    def env(self) -> dict[str, Any]:
+        """The environment of the (last) run: what a single-run report shows in its env line."""
+        return next(reversed(self.envs.values()), {}) if self.envs else {}
+
+    @property
+    def dimensions(self) -> list[str]:
+        """Dimensions that appear in the records or the comparison, in the design's order."""
+        seen = set(self.records["dimension"].dropna()) if len(self.records) else set()
+        if self.comparison is not None and len(self.comparison):
+            seen |= set(self.comparison["dimension"].dropna())
+        order = ["accuracy", "throughput", "memory", "stability", "generalization"]
+        return [d for d in order if d in seen] + sorted(str(d) for d in seen - set(order))
+
+
+def read_record_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parse ``records.jsonl``, skipping (and noting) lines that are not JSON objects.
+
+    ``microscope.store.records.read_records`` raises on a cut line, which is right for statistics but
+    wrong for a report: the measurements before the cut are exactly what the reader wants to see.
+    """
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line_no, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                bad.append(line_no)
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+            else:
+                bad.append(line_no)
+    notes = []
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        notes.append(f"{path.name}: {len(bad)} line(s) are not JSON records (line {shown}); "
+                     "was the run killed mid-write? They are left out of this report.")
+    return rows, notes
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """Plain Python strings ("" for missing) in an object column: iterating pandas' Arrow-backed
+    string columns row by row is an order of magnitude slower, and the writers iterate."""
+    values = ["" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in column.tolist()]
+    return pd.Series(values, index=column.index, dtype=object)
+
+
+def flatten(row: dict[str, Any]) -> dict[str, Any]:
+    """One level of nesting flattened (``details.rounds``, ``case.seq``); ``env`` is kept out.
+
+    ``pandas.json_normalize`` deep-copies every record, which takes seconds on a run of tens of
+    thousands of records; this does the one level the reports need. The environment is identical
+    for (nearly) every record, so it is summarised once by ``run_envs`` instead of becoming columns.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if key == "env":
+            continue
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        else:
+            flat[key] = value
+    return flat
+
+
+def records_from_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Records as a DataFrame with the guaranteed columns present (missing ones filled with None)."""
+    frame = pd.DataFrame([flatten(r) for r in rows]) if rows else pd.DataFrame()
+    for col in RECORD_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    frame["status"] = frame["status"].fillna("ok")
+    for col in ("plugin", "variant", "role", "case_id", "dimension", "metric"):
+        frame[col] = _text(frame[col])
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    return frame
+
+
+def read_comparison(folder: Path) -> tuple[pd.DataFrame | None, list[str]]:
+    """The statistics table from ``comparison.csv`` (or ``.parquet``), normalised to known columns.
+
+    Text is read as text (``keep_default_na=False``) so a variant literally named "NA" or "None" stays
+    a name; only the numeric columns are coerced, with unreadable cells becoming NaN.
+    """
+    csv, parquet = folder / "comparison.csv", folder / "comparison.parquet"
+    try:
+        if csv.is_file():
+            table = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        elif parquet.is_file():
+            table = pd.read_parquet(parquet)
+        else:
+            return None, []
+    except Exception as exc:  # a broken table must not cost the raw numbers
+        return None, [f"comparison table unreadable ({type(exc).__name__}: {exc}); verdicts left out"]
+    return normalise_comparison(table), []
+
+
+def normalise_comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Known columns present, numeric columns numeric, text columns plain strings."""
+    table = table.copy()
+    for col in COMPARISON_COLUMNS:
+        if col not in table.columns:
+            table[col] = None
+    for col in NUMERIC_COLUMNS:
+        table[col] = pd.to_numeric(table[col], errors="coerce")
+    for col in set(COMPARISON_COLUMNS) - set(NUMERIC_COLUMNS):
+        table[col] = _text(table[col])
+    table["verdict"] = _text(table["verdict"].map(lambda v: v.strip().lower()))
+    return table.reset_index(drop=True)
+
+
+def read_instrument(folder: Path, name: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """One optional instrument JSON (a dict keyed by variant), or None with a note when unusable."""
+    path = folder / name
+    if not path.is_file():
+        return None, []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, [f"{name} unreadable ({type(exc).__name__}); left out"]
+    if not isinstance(data, dict):
+        return None, [f"{name} is not an object keyed by variant; left out"]
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)}, []
+
+
+def run_envs(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The run's environment (the most common one across records) and a note if records disagree."""
+    envs = [r.get("env") if isinstance(r.get("env"), dict) else {} for r in rows]
+    if not envs:
+        return {}, []
+    keys = [json.dumps(e, sort_keys=True, default=str) for e in envs]
+    counts = Counter(keys)
+    top = counts.most_common(1)[0][0]
+    env = dict(envs[keys.index(top)])
+    notes = []
+    if len(counts) > 1:
+        names = sorted({k for e in envs for k in e})
+        differing = [k for k in names if len({json.dumps(e.get(k), default=str) for e in envs}) > 1]
+        notes.append(f"records disagree on their environment ({', '.join(differing)}); the env line shows "
+                     f"the most common one ({counts[top]} of {len(rows)} records)")
+    return env, notes
+
+
+def load_run(results_dir: Path) -> RunData:
+    """Read ``results/<run-id>/`` (records, comparison table, instruments, config) into a ``RunData``."""
+    folder = Path(results_dir)
+    path = folder / "records.jsonl" if folder.is_dir() else folder
+    if path.name == "records.jsonl":
+        folder = path.parent
+    if not path.is_file():
+        raise ReportError(f"{folder}: no records.jsonl here; pass a run folder such as results/<run-id>/")
+    rows, notes = read_record_lines(path)
+    records = records_from_rows(rows)
+    comparison, more = read_comparison(folder)
+    notes += more
+    env, more = run_envs(rows)
+    notes += more
+    instruments: dict[str, Any] = {}
+    for attr, name in INSTRUMENT_FILES.items():
+        instruments[attr], more = read_instrument(folder, name)
+        notes += more
+    config = folder / "config.yaml"
+    config_text = config.read_text(encoding="utf-8", errors="replace") if config.is_file() else None
+    ids = [r for r in records["run_id"].dropna().astype(str).unique() if r]
+    run_id = ids[0] if len(ids) == 1 else folder.name
+    if comparison is None and len(records):
+        notes.append("no comparison table in this run folder (statistics not computed): verdicts are left "
+                     "out, raw numbers are shown")
+    return RunData(run_id=run_id, records=records, comparison=comparison, envs={"": env},
+                   config_text=config_text, notes=notes, title=f"microscope run {run_id}", path=folder,
+                   **instruments)

@@ -1,0 +1,168 @@
+"""The Markdown report: verdicts first, only significant rows unfolded, bounded size, valid tables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from report_fixtures import ACC_FAIL, OOM, SKIP, Spec, make_run
+
+from microscope.report.load import load_run
+from microscope.report.markdown import MAX_CHARS, esc, render_markdown
+
+
+def _md(folder: Path) -> str:
+    return render_markdown(load_run(folder))
+
+
+def table_blocks(md: str) -> list[list[str]]:
+    """Consecutive lines starting with '|' (outside <pre>), one list per table."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def cells(line: str) -> int:
+    """Cell count of a GFM table row: unescaped pipes minus one."""
+    return len(re.findall(r"(?<!\\)\|", line)) - 1
+
+
+def assert_valid_tables(md: str) -> None:
+    blocks = table_blocks(md)
+    for block in blocks:
+        assert len(block) >= 3, block  # header, separator, at least one row
+        assert re.fullmatch(r"\|(-{3}:?\|)+|\|((---|---:)\|)+", block[1]), block[1]
+        widths = {cells(line) for line in block}
+        assert len(widths) == 1, f"rows with different cell counts: {widths}\n" + "\n".join(block[:5])
+
+
+def test_headline_comes_first_then_env_warnings_table_and_folds(default_run: Path) -> None:
+    md = _md(default_run)
+    lines = md.splitlines()
+    assert lines[0].startswith("### microscope run 20260101-000000-flash")
+    first_bullet = next(i for i, line in enumerate(lines) if line.startswith("- "))
+    assert "**accuracy**" in lines[first_bullet] or "**throughput**" in lines[first_bullet]
+    order = [md.index(s) for s in ("triton faster than eager in 3/4 cases", "**Environment:**", "**Warnings**",
+                                   "**Significant changes**", "<details><summary>All comparisons")]
+    assert order == sorted(order), order
+    assert "| case | dimension | metric | baseline | candidate |" in md
+    assert md.count("<details>") == md.count("</details>") >= 3
+    assert_valid_tables(md)
+
+
+def test_headline_sentences_per_dimension(default_run: Path) -> None:
+    md = _md(default_run)
+    head = md[: md.index("**Environment:**")]
+    assert "triton faster than eager in 3/4 cases (×2.5); 1 failed" in head
+    assert "triton: 7/8 accuracy checks pass, 1 fail (worst: out.rel\\_err 3.10e-02 in seq=1024,bf16)" in head
+    assert "triton uses less peak memory than eager in 3/4 cases (−40.0%); 1 failed" in head
+    assert "sdpa vs eager: not measured; 4 skipped" in head
+
+
+def test_env_line_names_gpu_versions_commit_and_corpus(default_run: Path) -> None:
+    env = next(line for line in _md(default_run).splitlines() if line.startswith("**Environment:**"))
+    for part in ("GPU NVIDIA H200 (CUDA 12.8, sm 9.0)", "torch 2.13.0", "triton 3.9.0", "python 3.11.7",
+                 "commit 0123456789ab", "corpus c0ffee00c0ffee00"):
+        assert part in env, (part, env)
+
+
+def test_only_significant_rows_are_unfolded(default_run: Path) -> None:
+    md = _md(default_run)
+    unfolded = md[md.index("**Significant changes**"): md.index("<details>")]
+    rows = [line for line in unfolded.splitlines() if line.startswith("| seq=")]
+    assert len(rows) == 7  # 3 faster + 3 less + 1 fail
+    assert rows[0].rstrip().endswith("| fail |")  # regressions first
+    assert not any(v in unfolded for v in ("| pass |", "| skipped |", "| failed |"))
+
+
+def test_failed_trials_are_listed_with_their_reasons(default_run: Path) -> None:
+    md = _md(default_run)
+    warnings = md[md.index("**Warnings**"): md.index("**Significant changes**")]
+    assert "2 failed trial record(s)" in warnings
+    assert esc(OOM) in warnings and "triton" in warnings
+    assert "12 skipped" in warnings and esc(SKIP) in warnings
+    trials = md[md.index("<details><summary>Failed and skipped trials"):]
+    assert trials.count(esc(OOM)) == 2 and esc(SKIP) in trials
+    assert esc(ACC_FAIL) in md  # the accuracy failure's reason, in the raw numbers
+
+
+def test_single_dimension_run_without_comparison(tmp_path: Path) -> None:
+    folder = make_run(tmp_path, Spec(dims=("throughput",), comparison=False, gpu=False, interpreted=True))
+    md = _md(folder)
+    head = md[: md.index("**Environment:**")]
+    assert "**throughput**" in head and "**accuracy**" not in head and "**memory**" not in head
+    assert re.search(r"triton vs eager: latency ×0\.3\d+ the baseline.s", head) and "no statistical verdict" in head
+    assert "sdpa vs eager: not measured; 4 skipped" in head
+    assert "no comparison table" in md and "CPU interpreter" in md
+    assert "**Significant changes**" not in md
+    assert "<details><summary>Raw numbers per variant and case" in md
+    assert_valid_tables(md)
+
+
+def test_single_dimension_run_with_comparison(tmp_path: Path) -> None:
+    md = _md(make_run(tmp_path, Spec(dims=("memory",))))
+    head = md[: md.index("**Environment:**")]
+    assert "**memory**" in head and "**throughput**" not in head
+    assert_valid_tables(md)
+
+
+def test_stability_generalization_and_instruments(full_run: Path) -> None:
+    md = _md(full_run)
+    head = md[: md.index("**Environment:**")]
+    assert "**stability**" in head and "loss non-inferior" in head and "grad\\_norm equivalent" in head
+    assert "**generalization**" in head and "ood\\_loss worse" in head
+    assert "first diverges at layers.3.attn" in md
+    assert "3 eager kernels replaced by 1 fused kernel" in md
+    for title in ("Layer-wise divergence", "Kernel trace diff", "Graph diff"):
+        assert f"<details><summary>{title}" in md
+    assert_valid_tables(md)
+
+
+def test_huge_run_stays_under_the_cap_with_headline_intact(huge_run: Path) -> None:
+    md = _md(huge_run)
+    assert len(md) < MAX_CHARS == 65_000
+    assert "triton faster than eager in 1499/1500 cases (×2.5); 1 failed" in md
+    assert "more row(s) not shown here (size cap)" in md
+    assert md.count("<details>") == md.count("</details>")
+    assert_valid_tables(md)
+
+
+def test_cut_records_line_is_reported_not_fatal(default_run: Path) -> None:
+    with (default_run / "records.jsonl").open("a") as fh:
+        fh.write('{"run_id": "20260101-000000-flash_attn", "plugin": "fla')
+    md = _md(default_run)
+    assert "not JSON records" in md and "killed mid-write" in md
+    assert "triton faster than eager" in md
+
+
+def test_escape_keeps_table_cells_and_html_inert() -> None:
+    assert esc("a|b") == "a\\|b"
+    assert esc("<b>x</b>") == "&lt;b&gt;x&lt;/b&gt;"
+    assert esc("*bold* [link](x) `code`") == "\\*bold\\* \\[link\\](x) \\`code\\`"
+    assert esc("two\nlines") == "two lines"
+
+
+def test_empty_run_still_gets_a_report(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "records.jsonl").write_text("")
+    md = _md(tmp_path / "r")
+    assert md.startswith("### microscope run r") and "No measurements in this run" in md
+
+
+def test_run_where_every_trial_failed(tmp_path: Path) -> None:
+    folder = make_run(tmp_path, Spec(comparison=False))
+    lines = (folder / "records.jsonl").read_text().splitlines()
+    broken = [line.replace('"status": "ok"', '"status": "failed"').replace('"reason": null', '"reason": "boom"')
+              for line in lines]
+    (folder / "records.jsonl").write_text("\n".join(broken) + "\n")
+    md = _md(folder)
+    assert "triton vs eager: not measured" in md and "failed trial record(s)" in md and "boom" in md
+    assert_valid_tables(md)
