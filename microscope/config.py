@@ -250,6 +250,11 @@ def _check_value(value: Any, tp: Any, dotted: str, at: str, problems: list[str])
     if dataclasses.is_dataclass(tp):
         return value  # handled by _build
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as text; take it as the number meant
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(f"{at}: {dotted}: expected a number, got {type(value).__name__} {value!r}")
             return 0.0

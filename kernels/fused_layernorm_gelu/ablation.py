@@ -1,0 +1,96 @@
+"""Plugin: LayerNorm + GeLU fused into one Triton kernel vs the two eager ops (and torch.compile)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
+
+from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+
+EPS = 1e-5
+
+
+def eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """Eager F.layer_norm then F.gelu: two kernels, the normalized tensor makes a round trip."""
+    return layernorm_gelu_eager(x, weight, bias, EPS, approximate)
+
+
+def triton_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """One Triton pass: read x, write gelu(layer_norm(x)); backward recomputes from 2 floats per row."""
+    return layernorm_gelu(x, weight, bias, EPS, approximate)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> Callable[..., torch.Tensor]:
+    return torch.compile(layernorm_gelu_eager, dynamic=False)
+
+
+def compiled(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """torch.compile (Inductor) of the same eager function: what a user gets without a custom kernel."""
+    return _compiled()(x, weight, bias, EPS, approximate)
+
+
+def _compile_needs_cuda(case: Case, device: str) -> str | None:
+    if device != "cuda":
+        return ("torch.compile is measured on CUDA only: on a small CPU box Inductor's C++ compile "
+                "takes minutes per case and measures the compiler, not the kernel")
+    return None
+
+
+@register("fused_layernorm_gelu")
+class FusedLayerNormGelu(Ablation):
+    """gelu(layer_norm(x)) in one Triton pass (forward and backward) vs eager and torch.compile.
+
+    The claim under test: fusing saves half the memory traffic of the forward, which is where a
+    bandwidth-bound pair of ops spends its time.
+    """
+
+    variants = {
+        "eager": baseline(eager),
+        "triton": candidate(triton_fused, needs=("triton",)),
+        "compile": peer(compiled, supports=_compile_needs_cuda),
+    }
+    # Odd sizes on purpose: neither is a multiple of a block, so every mask is exercised.
+    cases = grid(rows=[37], cols=[301], approximate=["tanh", "none"], dtype=["fp32", "fp16", "bf16"])
+    # The element rule allows a few ulps of the output dtype (GeLU outputs near 0 need the atol); the
+    # noise-calibrated rule (4x the eager baseline's own error in the same dtype) does the real judging.
+    tolerance = {
+        "fp32": Tolerance(rtol=1e-5, atol=1e-5),
+        "fp16": Tolerance(rtol=4e-3, atol=4e-3),
+        "bf16": Tolerance(rtol=3e-2, atol=3e-2),
+        "fp64": Tolerance(rtol=1e-10, atol=1e-10),
+    }
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        rows, cols, dtype = case["rows"], case["cols"], case.dtype
+        return {
+            "x": randn((rows, cols), dtype, gen, device),
+            "weight": (1.0 + randn((cols,), torch.float32, gen, "cpu", scale=0.1)).to(device, dtype),
+            "bias": randn((cols,), dtype, gen, device, scale=0.1),
+            "approximate": case["approximate"],
+        }
+
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        return ("x", "weight", "bias")
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        """~20 flops per element forward (statistics 4, affine 3, GeLU ~13), ~40 more backward.
+
+        An estimate for a TFLOP/s column; the op is bandwidth-bound, GB/s is the number that matters.
+        """
+        per_elem = 20 + (40 if backward else 0)
+        return float(per_elem * case["rows"] * case["cols"])
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """Minimum traffic: forward reads x and writes y; backward reads x and dy and writes dx.
+
+        weight and bias are read (and their gradients written) once: O(cols), counted too.
+        """
+        rows, cols, size = case["rows"], case["cols"], case.dtype.itemsize
+        row_trips = 2 + (3 if backward else 0)
+        vector_trips = 2 + (4 if backward else 0)
+        return float((row_trips * rows * cols + vector_trips * cols) * size)

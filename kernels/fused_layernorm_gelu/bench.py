@@ -1,0 +1,105 @@
+"""GPU benchmark of fused LayerNorm + GeLU (``python -m microscope_kernels.fused_layernorm_gelu.bench``).
+
+Checks correctness on the GPU first, measures copy bandwidth in the same process, times eager,
+torch.compile and the Triton kernel (forward under no_grad; backward alone through
+``torch.autograd.grad`` on a retained graph) and prints a compact table last. ``main()`` returns the
+rows so one process can run all the rooms' benches.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+import torch
+from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
+from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
+
+#: The targets: (rows, cols) in bf16.
+SHAPES = ((16384, 4096), (65536, 8192))
+EPS = 1e-5
+
+LnFn = Callable[..., torch.Tensor]
+
+
+def _inputs(m: int, n: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    b = (0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    return x, w, b, dy
+
+
+def _grads(fn: LnFn, x, w, b, dy, approximate: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b)]
+    y = fn(*leaves, EPS, approximate)
+    return [y.detach(), *torch.autograd.grad(y, leaves, dy.to(dtype))]
+
+
+def _correctness(dtype: torch.dtype) -> bool:
+    """Output and the three gradients vs float64, within 4x eager's own error (+ a floor)."""
+    ok = True
+    for approximate in ("tanh", "none"):
+        x, w, b, dy = _inputs(1003, 4096, dtype, seed=1)
+        ours = _grads(layernorm_gelu, x, w, b, dy, approximate, dtype)
+        eager = _grads(layernorm_gelu_eager, x, w, b, dy, approximate, dtype)
+        truth = _grads(layernorm_gelu_eager, x, w, b, dy, approximate, torch.float64)
+        for name, got, base, ref in zip(("y", "dx", "dw", "db"), ours, eager, truth):
+            err = float((got.double() - ref).norm() / ref.norm())
+            limit = 4 * float((base.double() - ref).norm() / ref.norm()) + torch.finfo(dtype).eps
+            ok = check(f"{approximate} {name} {dtype} (norm-relative)", err, limit) and ok
+    return ok
+
+
+def _thunks(fn: LnFn, x, w, b, dy, approximate: str):
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return fn(x, w, b, EPS, approximate)
+
+    leaves = [t.detach().requires_grad_(True) for t in (x, w, b)]
+    y = fn(*leaves, EPS, approximate)
+
+    def backward() -> object:
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+    return forward, backward
+
+
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--approximate", default="tanh", choices=["tanh", "none"])
+    args = parser.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    gpu_header(f"fused_layernorm_gelu bench, {args.dtype}, approximate={args.approximate}")
+    _correctness(dtype)
+    copy_gbps = copy_bandwidth_gbps(max(m * n for m, n in SHAPES) * dtype.itemsize)
+    variants: dict[str, LnFn] = {
+        "eager": layernorm_gelu_eager,
+        "torch.compile": torch.compile(layernorm_gelu_eager, dynamic=False),
+        "triton": layernorm_gelu,
+    }
+    rows: list[Row] = []
+    for m, n in SHAPES:
+        x, w, b, dy = _inputs(m, n, dtype)
+        size = m * n * dtype.itemsize
+        for name, fn in variants.items():
+            try:
+                forward, backward = _thunks(fn, x, w, b, dy, args.approximate)
+            except Exception as exc:
+                print(f"   {name} {m}x{n}: FAILED {type(exc).__name__}: {exc}")
+                forward = backward = None
+            for mode, thunk, nbytes in (("fwd", forward, 2 * size), ("bwd", backward, 3 * size)):
+                ms = measure(thunk, f"{name} {mode} {m}x{n}") if thunk else None
+                rows.append(Row(f"{mode} {m}x{n}", name, ms, nbytes))
+        del x, w, b, dy
+        torch.cuda.empty_cache()
+    print_table(f"fused_layernorm_gelu {args.dtype} {args.approximate}: fwd bytes = read x + write y; "
+                f"bwd = read x, dy + write dx", rows, copy_gbps, peers=["torch.compile", "eager"])
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Plugin: decode attention over an int8 KV cache (fused Triton split-K) vs eager/SDPA on the bf16 cache."""
+
+from __future__ import annotations
+
+import torch
+from microscope_kernels.int8_kv_cache.kernel import (
+    cache_bytes,
+    decode_attention,
+    int8_decode_attention,
+    quantize_kv,
+)
+from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
+
+from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+
+#: The accuracy the int8 cache is allowed to cost: norm-relative error of the attention output vs
+#: the float64 truth on the unquantized cache. Symmetric int8 with per-token or per-channel scales
+#: measures ~1% on Gaussian K/V (each value is off by at most scale/2 = amax/254).
+INT8_ERROR_BUDGET = 0.03
+
+
+def _budget(dtype: torch.dtype) -> Tolerance:
+    """The error budget as a Tolerance: the noise-calibrated limit is ref_factor x max(baseline's
+    error, unit roundoff), so ref_factor = budget / unit roundoff admits at least the budget in every
+    dtype. The element rule admits 2% of outputs beyond 0.02 + 5% (outputs are averages of V, ~0.1-1)."""
+    unit_roundoff = torch.finfo(dtype).eps / 2
+    return Tolerance(rtol=0.05, atol=0.02, ref_factor=INT8_ERROR_BUDGET / unit_roundoff, max_mismatch=0.02)
+
+
+def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torch.Tensor:
+    """Eager softmax(q k^T / sqrt(D)) v over the unquantized cache (the "before")."""
+    return eager_decode_attention(q, k, v)
+
+
+def triton_int8(q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor,
+                v_scale: torch.Tensor, granularity: str, **_: object) -> torch.Tensor:
+    """Split-K Triton decode reading the int8 cache and its scales, dequantizing in registers."""
+    return int8_decode_attention(q, k_q, k_scale, v_q, v_scale, granularity)
+
+
+def triton_fp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torch.Tensor:
+    """The same split-K Triton decode over the unquantized cache: separates kernel gain from byte gain."""
+    return decode_attention(q, k, v)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torch.Tensor:
+    """torch SDPA over the unquantized cache: what serving code calls today."""
+    return sdpa_decode_attention(q, k, v)
+
+
+@register("int8_kv_cache")
+class Int8KVCache(Ablation):
+    """One decode step (one query token per batch and head) over an int8 vs a bf16/fp16 KV cache.
+
+    The cache is quantized in ``inputs()``, outside the timed call, as a serving engine does when a
+    token is appended; each variant takes the tensors it needs (``**kwargs`` swallows the rest).
+    The truth is float64 attention over the *unquantized* cache, so the int8 variant's error is the
+    full accuracy cost of the change, judged against ``INT8_ERROR_BUDGET``.
+    """
+
+    variants = {
+        "eager": baseline(eager, differentiable=False),
+        "triton_int8": candidate(triton_int8, needs=("triton",), differentiable=False),
+        "triton_fp": candidate(triton_fp, needs=("triton",), differentiable=False),
+        "sdpa": peer(sdpa, differentiable=False),
+    }
+    # 97 tokens: several splits under the interpreter and a partial last token block.
+    cases = grid(batch=[1], heads=[2], tokens=[97], head_dim=[32], granularity=["token", "channel"],
+                 dtype=["fp32", "fp16", "bf16"])
+    tolerance = {name: _budget(dtype) for name, dtype in
+                 (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        b, h, t, d = case["batch"], case["heads"], case["tokens"], case["head_dim"]
+        dtype, granularity = case.dtype, case["granularity"]
+        q = randn((b, h, d), dtype, gen, device)
+        k = randn((b, h, t, d), dtype, gen, device)
+        v = randn((b, h, t, d), dtype, gen, device)
+        k_q, k_scale = quantize_kv(k, granularity)
+        v_q, v_scale = quantize_kv(v, granularity)
+        return {"q": q, "k": k, "v": v, "k_q": k_q, "k_scale": k_scale, "v_q": v_q, "v_scale": v_scale,
+                "granularity": granularity}
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        """q.k^T and p.v: 2 multiply-adds per cached element of K and of V."""
+        return 4.0 * case["batch"] * case["heads"] * case["tokens"] * case["head_dim"]
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """The least any variant must move: the int8 cache with its fp32 scales read once, plus q and
+        the output. The bf16 variants move ``cache_bytes(..., None)`` (~1.94x at D = 128), so their
+        GB/s here reads as effective bandwidth at the int8 size; bench.py prints both."""
+        b, h, t, d = case["batch"], case["heads"], case["tokens"], case["head_dim"]
+        qo = 2 * b * h * d * case.dtype.itemsize
+        return float(cache_bytes(b, h, t, d, case["granularity"]) + qo)
+

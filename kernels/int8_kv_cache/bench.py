@@ -1,0 +1,104 @@
+"""GPU benchmark of int8-KV decode attention (``python -m microscope_kernels.int8_kv_cache.bench``).
+
+Checks correctness on the GPU first, measures copy bandwidth in the same process, then times one
+decode step (one query token per batch and head) for SDPA and eager attention over the bf16 cache,
+the same split-K Triton kernel over the bf16 cache, and the int8 kernel (PTX and portable
+dequantization). GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales).
+``main()`` returns the rows so one process can run all the rooms' benches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Sequence
+
+import torch
+from microscope_kernels.int8_kv_cache.kernel import (
+    cache_bytes,
+    decode_attention,
+    dequantize_kv,
+    int8_decode_attention,
+    quantize_kv,
+)
+from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
+from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
+
+#: The targets: (batch, heads, tokens, head_dim).
+SHAPES = ((16, 32, 8192, 128), (64, 8, 32768, 128))
+
+
+def _cache(b: int, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, h, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=gen)
+    return q, k, v
+
+
+def _correctness(dtype: torch.dtype) -> bool:
+    """Both int8 dequantization paths and the bf16 kernel vs float64 eager attention on an odd
+    length: the kernel's own error over the dequantized cache within 4x eager's (+ a floor), and the
+    full int8 cost over the unquantized cache."""
+    ok = True
+    q, k, v = _cache(3, 5, 4099, 128, dtype, seed=1)
+    truth = eager_decode_attention(q.double(), k.double(), v.double())
+    rel = lambda y, r: float((y.double() - r).norm() / r.norm())  # noqa: E731
+    floor = torch.finfo(dtype).eps  # two unit roundoffs
+    eager_err = rel(eager_decode_attention(q, k, v), truth)
+    ok = check(f"triton bf16-cache kernel {dtype}", rel(decode_attention(q, k, v), truth),
+               4 * eager_err + floor) and ok
+    for granularity in ("token", "channel"):
+        k_q, k_s = quantize_kv(k, granularity)
+        v_q, v_s = quantize_kv(v, granularity)
+        k_d, v_d = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
+        truth_deq = eager_decode_attention(q.double(), k_d, v_d)
+        limit = 4 * rel(eager_decode_attention(q, k_d.to(dtype), v_d.to(dtype)), truth_deq) + floor
+        for ptx in (True, False):
+            out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx)
+            label = f"int8 {granularity} ptx_dequant={ptx}"
+            ok = check(f"{label} vs dequantized cache", rel(out, truth_deq), limit) and ok
+            ok = check(f"{label} vs unquantized cache (int8 cost)", rel(out, truth), 0.03) and ok
+    return ok
+
+
+def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> list[Row]:
+    """Every variant on one cache shape (a function, so the caches are freed when it returns)."""
+    q, k, v = _cache(b, h, t, d, dtype)
+    full = cache_bytes(b, h, t, d, None, dtype=dtype)
+    shape = f"B{b} H{h} T{t} D{d}"
+    rows = []
+    for name, fn in (("sdpa", sdpa_decode_attention), ("eager", eager_decode_attention),
+                     ("triton_bf16cache", decode_attention)):
+        rows.append(Row(shape, name, measure(functools.partial(fn, q, k, v), f"{name} {shape}"), full))
+    for granularity in ("token", "channel"):
+        k_q, k_s = quantize_kv(k, granularity)
+        v_q, v_s = quantize_kv(v, granularity)
+        small = cache_bytes(b, h, t, d, granularity)
+        for ptx in (True, False):
+            name = f"int8_{granularity}" + ("" if ptx else "_portable")
+            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx)
+            rows.append(Row(shape, name, measure(thunk, f"{name} {shape}"), small,
+                            note=f"cache {small / full:.3f}x of {str(dtype).replace('torch.', '')}"))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    args = parser.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    gpu_header(f"int8_kv_cache decode bench, {args.dtype} cache vs int8 cache")
+    _correctness(dtype)
+    copy_gbps = copy_bandwidth_gbps(1 << 30)
+    rows: list[Row] = []
+    for shape in SHAPES:
+        rows += _bench_shape(*shape, dtype)
+        torch.cuda.empty_cache()
+    print_table(f"int8_kv_cache decode: bytes = the cache each variant reads ({args.dtype} K+V, or int8 + "
+                f"fp32 scales)", rows, copy_gbps, peers=["sdpa", "eager"])
+    return rows
+
+
+if __name__ == "__main__":
+    main()

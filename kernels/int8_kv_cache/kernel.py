@@ -1,0 +1,410 @@
+"""Decode attention over an int8 KV cache: quantization, a split-K Triton kernel, memory accounting.
+
+Why int8: decoding one token reads the whole K and V cache once per step, so decode time is cache
+bytes / bandwidth. Symmetric int8 with one fp32 scale per token (or per channel) per head stores
+D + 4 bytes per token per head instead of 2*D for bf16: 0.516x at D = 128.
+
+Why a fused kernel: dequantizing the cache to bf16 first and then calling SDPA would read int8 and
+write bf16 (more traffic than not quantizing at all). Here each program reads int8 K/V tiles and
+dequantizes in registers, so HBM sees only the int8 bytes and the scales.
+
+Why split-K (flash-decoding): one query token per (batch, head) gives B*H programs, too few to fill
+132 SMs when B*H is small and each program would walk thousands of tokens in sequence. The token axis
+is split into chunks of ``split_len`` tokens; each (split, batch*head) program writes an unnormalized
+partial output with its running max and sum, and a second small kernel merges the splits.
+
+Dequantization never uses the int -> float convert instruction (a quarter-rate pipe on Hopper, which
+at ~1 GB of int8 per step would cost as much time as the memory traffic). Instead each int8 value is
+sign-extended and added into the mantissa of 2^23 (float bits 0x4B000080 + q encode exactly
+2^23 + 128 + q), and one float subtraction recovers q: integer and FP32 pipes only, exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from microscope.api import interpreting
+
+GRANULARITIES = ("token", "channel")
+_LOG2E = math.log2(math.e)
+
+
+# -- quantization (runs once when a token is appended, outside the decode step) ------------------
+def quantize_kv(x: torch.Tensor, granularity: str, scale_dtype: torch.dtype = torch.float32
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantization of a (B, H, T, D) cache tensor.
+
+    ``granularity="token"``: one scale per (b, h, t), shape (B, H, T); ``"channel"``: one per
+    (b, h, d) over all tokens, shape (B, H, D) (KIVI's choice for K, whose outliers live in fixed
+    channels). scale = amax / 127, q = round(x / scale) clamped to [-127, 127], computed with the
+    scale as stored (fp32 or fp16) so that |q * scale - x| <= scale / 2 holds for the stored scale.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    reduce_dim = -1 if granularity == "token" else -2
+    amax = x.detach().abs().amax(dim=reduce_dim, keepdim=True).float()
+    scale = (amax / 127.0).clamp_min(torch.finfo(torch.float32).tiny).to(scale_dtype)
+    # float64 division: an fp32 x / scale can round a value that sits within ~1e-5 of a half step to
+    # the wrong side; in float64 the bound holds to ~1e-16 (this runs once per token, not per step)
+    q = torch.round(x.double() / scale.double()).clamp_(-127, 127).to(torch.int8)
+    return q, scale.squeeze(reduce_dim)
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, granularity: str,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q * scale broadcast along the quantized axis (reference and tests; the kernel never does this)."""
+    expand = scale.unsqueeze(-1) if granularity == "token" else scale.unsqueeze(-2)
+    compute = torch.promote_types(dtype, torch.float32)  # float64 stays exact
+    return (q.to(compute) * expand.to(compute)).to(dtype)
+
+
+def cache_bytes(batch: int, heads: int, tokens: int, head_dim: int, granularity: str | None,
+                scale_dtype: torch.dtype = torch.float32, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of a K plus V cache: ``granularity=None`` is the unquantized cache in ``dtype``;
+    otherwise int8 data plus the scales (per token: B*H*T each; per channel: B*H*D each)."""
+    if granularity is None:
+        return 2 * batch * heads * tokens * head_dim * torch.finfo(dtype).bits // 8
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be None or one of {GRANULARITIES}, got {granularity!r}")
+    per_head_scales = tokens if granularity == "token" else head_dim
+    scale_size = torch.finfo(scale_dtype).bits // 8
+    return 2 * batch * heads * (tokens * head_dim + per_head_scales * scale_size)
+
+
+# -- kernels -----------------------------------------------------------------------------------------
+_MAGIC_BITS = tl.constexpr(0x4B000080)  # float bits of 2^23 + 128
+_MAGIC = tl.constexpr(8388736.0)  # 2^23 + 128
+
+
+@triton.jit
+def _unpack_int8x4(words, PTX_DEQUANT: tl.constexpr):
+    """int32 words holding four int8 each -> four fp32 tiles: byte j of every word, exactly.
+
+    Each byte lands in the mantissa of 2^23 (float bits 0x4B000080 + q encode 2^23 + 128 + q) and
+    one subtraction recovers q, so no int->float convert instruction (a quarter-rate pipe on Hopper)
+    is issued. ``PTX_DEQUANT`` (GPU): 1 LOP3 + 4 PRMT per word build the bit patterns directly (xor
+    0x80 turns q into the unsigned byte 128 + q; each PRMT assembles [byte, 0, 0, 0x4B]). Otherwise
+    portable shifts, which is also what the CPU interpreter runs.
+    """
+    if PTX_DEQUANT:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t;
+            xor.b32 t, $4, 0x80808080;
+            prmt.b32 $0, t, 0x4B000000, 0x7440;
+            prmt.b32 $1, t, 0x4B000000, 0x7441;
+            prmt.b32 $2, t, 0x4B000000, 0x7442;
+            prmt.b32 $3, t, 0x4B000000, 0x7443;
+            }""",
+            constraints="=r,=r,=r,=r,r", args=[words],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        b0 = ((words << 24) >> 24) + _MAGIC_BITS  # arithmetic shifts sign-extend byte j
+        b1 = ((words << 16) >> 24) + _MAGIC_BITS
+        b2 = ((words << 8) >> 24) + _MAGIC_BITS
+        b3 = (words >> 24) + _MAGIC_BITS
+    return (b0.to(tl.float32, bitcast=True) - _MAGIC, b1.to(tl.float32, bitcast=True) - _MAGIC,
+            b2.to(tl.float32, bitcast=True) - _MAGIC, b3.to(tl.float32, bitcast=True) - _MAGIC)
+
+
+@triton.jit
+def _decode_split_int8_kernel(
+    Q, K, V, K_SCALE, V_SCALE, PART_ACC, PART_ML,
+    T, split_len, num_splits, qk_scale,
+    stride_qbh, stride_kbh, stride_kt, stride_vbh, stride_vt, stride_ksbh, stride_vsbh,
+    D: tl.constexpr, BLOCK_T: tl.constexpr, PER_TOKEN: tl.constexpr, PTX_DEQUANT: tl.constexpr,
+):
+    """One (split, batch*head) over the int8 cache: online softmax over ``split_len`` tokens.
+
+    K and V are read as int32 words (four int8 each; strides in words), so a prefetched tile stays
+    packed in registers and unpacks to four fp32 tiles holding channels 4w + j. q and the output are
+    split the same way, so nothing is ever re-interleaved. Scales are applied outside the D-wide
+    products: a per-channel K scale is folded into q once, a per-token K scale multiplies the scores,
+    a per-token V scale multiplies the weights, and a per-channel V scale is left to the merge
+    kernel (it commutes with the sum over tokens). The accumulators are (BLOCK_T, D/4) tiles reduced
+    over T once at the end, so the loop has no cross-warp reduction of D-wide vectors.
+    """
+    split = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    w = tl.arange(0, D // 4)
+    offs_t = tl.arange(0, BLOCK_T)
+    q_ptr = Q + bh * stride_qbh + w * 4
+    q0 = tl.load(q_ptr).to(tl.float32) * qk_scale  # qk_scale = sm_scale * log2(e)
+    q1 = tl.load(q_ptr + 1).to(tl.float32) * qk_scale
+    q2 = tl.load(q_ptr + 2).to(tl.float32) * qk_scale
+    q3 = tl.load(q_ptr + 3).to(tl.float32) * qk_scale
+    if not PER_TOKEN:
+        ks_ptr = K_SCALE + bh * stride_ksbh + w * 4
+        q0 = q0 * tl.load(ks_ptr)
+        q1 = q1 * tl.load(ks_ptr + 1)
+        q2 = q2 * tl.load(ks_ptr + 2)
+        q3 = q3 * tl.load(ks_ptr + 3)
+    t_start = split * split_len
+    t_end = tl.minimum(t_start + split_len, T)
+    k_base = K + bh * stride_kbh + w[None, :]
+    v_base = V + bh * stride_vbh + w[None, :]
+    ks_base = K_SCALE + bh * stride_ksbh
+    vs_base = V_SCALE + bh * stride_vsbh
+    m_i = -float("inf")
+    l_vec = tl.zeros((BLOCK_T,), tl.float32)
+    acc0 = tl.zeros((BLOCK_T, D // 4), tl.float32)
+    acc1 = tl.zeros((BLOCK_T, D // 4), tl.float32)
+    acc2 = tl.zeros((BLOCK_T, D // 4), tl.float32)
+    acc3 = tl.zeros((BLOCK_T, D // 4), tl.float32)
+    # Software prefetch: the packed words of the next step are loaded before this step's math, so a
+    # program keeps two K/V tiles in flight for a few registers.
+    t = t_start + offs_t
+    ok = t < t_end
+    k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
+    v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
+    ks = tl.full((BLOCK_T,), 1.0, tl.float32)
+    vs = tl.full((BLOCK_T,), 1.0, tl.float32)
+    if PER_TOKEN:
+        ks = tl.load(ks_base + t, mask=ok, other=0.0)
+        vs = tl.load(vs_base + t, mask=ok, other=0.0)
+    for t0 in range(t_start, t_end, BLOCK_T):
+        ok = t0 + offs_t < t_end
+        t_next = t0 + BLOCK_T + offs_t
+        ok_next = t_next < t_end
+        k_next = tl.load(k_base + t_next[:, None] * stride_kt, mask=ok_next[:, None], other=0)
+        v_next = tl.load(v_base + t_next[:, None] * stride_vt, mask=ok_next[:, None], other=0)
+        ks_next = ks
+        vs_next = vs
+        if PER_TOKEN:
+            ks_next = tl.load(ks_base + t_next, mask=ok_next, other=0.0)
+            vs_next = tl.load(vs_base + t_next, mask=ok_next, other=0.0)
+        k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
+        s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
+        if PER_TOKEN:
+            s = s * ks
+        s = tl.where(ok, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: token t0 is always in range
+        if m_new > m_i:
+            # Lazy rescale: only when the running max grows (a few times per split for real
+            # scores), which keeps a multiply per cached value out of the common path.
+            alpha = tl.exp2(m_i - m_new)
+            acc0, acc1, acc2, acc3 = acc0 * alpha, acc1 * alpha, acc2 * alpha, acc3 * alpha
+            l_vec = l_vec * alpha
+            m_i = m_new
+        p = tl.exp2(s - m_i)
+        l_vec += p
+        if PER_TOKEN:
+            p = p * vs
+        v0, v1, v2, v3 = _unpack_int8x4(v_raw, PTX_DEQUANT)
+        acc0 += p[:, None] * v0
+        acc1 += p[:, None] * v1
+        acc2 += p[:, None] * v2
+        acc3 += p[:, None] * v3
+        k_raw, v_raw, ks, vs = k_next, v_next, ks_next, vs_next
+    out_ptr = PART_ACC + (bh * num_splits + split) * D + w * 4
+    tl.store(out_ptr, tl.sum(acc0, axis=0))
+    tl.store(out_ptr + 1, tl.sum(acc1, axis=0))
+    tl.store(out_ptr + 2, tl.sum(acc2, axis=0))
+    tl.store(out_ptr + 3, tl.sum(acc3, axis=0))
+    part = bh * num_splits + split
+    tl.store(PART_ML + part * 2, m_i)
+    tl.store(PART_ML + part * 2 + 1, tl.sum(l_vec, axis=0))
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, PART_ACC, PART_ML,
+    T, split_len, num_splits, qk_scale,
+    stride_qbh, stride_kbh, stride_kt, stride_vbh, stride_vt,
+    D: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """The same split-K decode over an unquantized (bf16/fp16/fp32) cache: isolates what the
+    kernel alone gains from what the int8 bytes gain, in the ablation."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, D)
+    offs_t = tl.arange(0, BLOCK_T)
+    q = tl.load(Q + bh * stride_qbh + d).to(tl.float32) * qk_scale
+    t_start = split * split_len
+    t_end = tl.minimum(t_start + split_len, T)
+    m_i = -float("inf")
+    l_vec = tl.zeros((BLOCK_T,), tl.float32)
+    acc = tl.zeros((BLOCK_T, D), tl.float32)
+    for t0 in range(t_start, t_end, BLOCK_T):
+        t = t0 + offs_t
+        ok = t < t_end
+        k = tl.load(K + bh * stride_kbh + t[:, None] * stride_kt + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(V + bh * stride_vbh + t[:, None] * stride_vt + d[None, :], mask=ok[:, None], other=0.0)
+        s = tl.where(ok, tl.sum(k.to(tl.float32) * q[None, :], axis=1), -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        if m_new > m_i:
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha
+            l_vec = l_vec * alpha
+            m_i = m_new
+        p = tl.exp2(s - m_i)
+        l_vec += p
+        acc += p[:, None] * v.to(tl.float32)
+    part = bh * num_splits + split
+    tl.store(PART_ACC + part * D + d, tl.sum(acc, axis=0))
+    tl.store(PART_ML + part * 2, m_i)
+    tl.store(PART_ML + part * 2 + 1, tl.sum(l_vec, axis=0))
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PART_ACC, PART_ML, V_SCALE, OUT, num_splits, stride_vsbh, stride_obh,
+    D: tl.constexpr, BLOCK_S: tl.constexpr, V_SCALE_PER_CHANNEL: tl.constexpr,
+):
+    """Merge the splits of one batch*head: rescale each by 2^(m_s - max m), sum, normalize."""
+    bh = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    ok = s < num_splits
+    part = bh * num_splits + s
+    m = tl.load(PART_ML + part * 2, mask=ok, other=-float("inf"))
+    weight = tl.where(ok, tl.exp2(m - tl.max(m, axis=0)), 0.0)
+    total = tl.sum(weight * tl.load(PART_ML + part * 2 + 1, mask=ok, other=0.0), axis=0)
+    acc = tl.load(PART_ACC + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * weight[:, None], axis=0) / total
+    if V_SCALE_PER_CHANNEL:
+        out = out * tl.load(V_SCALE + bh * stride_vsbh + d)
+    tl.store(OUT + bh * stride_obh + d, out.to(OUT.dtype.element_ty))
+
+
+# -- launch configuration --------------------------------------------------------------------------
+#: (BLOCK_T, num_warps) candidates. At D = 128 each thread holds 32 to 64 values of the four
+#: accumulator tiles; sm_90 compiles put (32, 4) and (64, 8) at ~124 registers (4 resp. 2 resident
+#: programs per SM, each with two packed K/V tiles in flight: ~64 KB per SM, above the ~25 KB that
+#: Little's law asks of 4.5 TB/s at ~700 ns), and the larger tiles at ~230.
+_SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
+_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt, w in _SPLIT_SHAPES]
+_INT8_KEY = ["split_len", "D", "PER_TOKEN", "PTX_DEQUANT"]
+_split_int8_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
+_split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
+
+#: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
+MAX_SPLITS = 128
+#: Under the interpreter: small token blocks and splits, so tiny test caches still use several splits.
+_INTERP_BLOCK_T = 16
+_INTERP_SPLIT = 32
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_split_len(tokens: int, heads_total: int, sm_count: int) -> int:
+    """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~16 waves of
+    4 resident programs per SM (the last, partial wave then costs < 2%), and at most MAX_SPLITS
+    splits so the merge stays one program per head."""
+    wanted_programs = 16 * 4 * sm_count
+    split_len = triton.cdiv(tokens * heads_total, wanted_programs)
+    split_len = max(split_len, triton.cdiv(tokens, MAX_SPLITS), 1)
+    return min(max(256, triton.cdiv(split_len, 256) * 256), max(256, triton.cdiv(tokens, 256) * 256))
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and not interpreting()
+
+
+def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None) -> tuple[int, int]:
+    bh = q.shape[0] * q.shape[1]
+    if split_len is None:
+        if _on_gpu(q):
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            split_len = choose_split_len(tokens, bh, _sm_count(index))
+        else:
+            blocks = triton.cdiv(triton.cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
+            split_len = max(_INTERP_SPLIT, blocks * _INTERP_BLOCK_T)
+    num_splits = triton.cdiv(tokens, split_len)
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"split_len={split_len} gives {num_splits} splits > {MAX_SPLITS}")
+    return split_len, num_splits
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    consistent = k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[2]
+    if q.dim() != 3 or k.dim() != 4 or not consistent:
+        raise ValueError(f"expected q (B, H, D) and k, v (B, H, T, D); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[2] == 0:
+        raise ValueError("decode attention over an empty cache is undefined")
+    d = q.shape[2]
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+
+
+def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor | None, shape: torch.Size,
+           dtype: torch.dtype, num_splits: int, per_channel_v: bool) -> torch.Tensor:
+    """Launch the merge; returns the (B, H, D) output.
+
+    The CPU interpreter converts fp32 to bf16 by truncation (about 2x the error of the GPU's
+    round-to-nearest), so under it a bf16 output is written in fp32 and rounded by torch.
+    """
+    b, h, d = shape
+    store_dtype = torch.float32 if interpreting() and dtype == torch.bfloat16 else dtype
+    out = torch.empty((b, h, d), device=part_acc.device, dtype=store_dtype)
+    scale = v_scale if v_scale is not None else part_ml
+    _decode_merge_kernel[(b * h,)](part_acc, part_ml, scale, out, num_splits,
+                                   scale.stride(1) if per_channel_v else 0, d,
+                                   D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+                                   V_SCALE_PER_CHANNEL=per_channel_v, num_warps=4)
+    return out.to(dtype)
+
+
+def int8_decode_attention(
+    q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
+    granularity: str, sm_scale: float | None = None, split_len: int | None = None,
+    ptx_dequant: bool | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
+
+    q: (B, H, D); k_q, v_q: (B, H, T, D) int8 from ``quantize_kv``; scales (B, H, T) for
+    ``granularity="token"`` or (B, H, D) for ``"channel"``. Returns (B, H, D) in q's dtype.
+    ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
+    """
+    _check_shapes(q, k_q, v_q)
+    if k_q.dtype != torch.int8 or v_q.dtype != torch.int8:
+        raise TypeError(f"k_q and v_q must be int8, got {k_q.dtype} and {v_q.dtype}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    b, h, t, d = k_q.shape
+    q, k_q, v_q = q.contiguous(), k_q.contiguous(), v_q.contiguous()
+    k_scale, v_scale = k_scale.float().contiguous(), v_scale.float().contiguous()
+    k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
+    split_len, num_splits = _split_plan(q, t, split_len)
+    part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
+    part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
+    qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
+    per_token = granularity == "token"
+    args = (q, k_words, v_words, k_scale, v_scale, part_acc, part_ml, t, split_len, num_splits, qk_scale,
+            q.stride(1), k_words.stride(1), k_words.stride(2), v_words.stride(1), v_words.stride(2),
+            k_scale.stride(1), v_scale.stride(1))
+    if _on_gpu(q):
+        ptx = True if ptx_dequant is None else ptx_dequant
+        _split_int8_tuned[(num_splits, b * h)](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+    else:
+        _decode_split_int8_kernel[(num_splits, b * h)](*args, D=d, BLOCK_T=_INTERP_BLOCK_T,
+                                                       PER_TOKEN=per_token, PTX_DEQUANT=False, num_warps=4)
+    return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                     split_len: int | None = None) -> torch.Tensor:
+    """The same split-K decode over an unquantized cache (any float dtype): the kernel-only ablation."""
+    _check_shapes(q, k, v)
+    b, h, t, d = k.shape
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    split_len, num_splits = _split_plan(q, t, split_len)
+    part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
+    part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
+    qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
+    args = (q, k, v, part_acc, part_ml, t, split_len, num_splits, qk_scale,
+            q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2))
+    if _on_gpu(q):
+        _split_fp_tuned[(num_splits, b * h)](*args, D=d)
+    else:
+        _decode_split_kernel[(num_splits, b * h)](*args, D=d, BLOCK_T=_INTERP_BLOCK_T, num_warps=4)
+    return _merge(part_acc, part_ml, None, q.shape, q.dtype, num_splits, per_channel_v=False)

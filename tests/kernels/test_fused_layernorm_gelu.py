@@ -1,0 +1,171 @@
+"""Fused LayerNorm + GeLU vs float64, on odd shapes, every dtype, fresh random inputs.
+
+Errors are judged against the eager PyTorch version's own error in the same dtype (<= 4x, plus a
+floor of a few unit roundoffs), never against hand-tuned atols. Each test prints its random seed,
+which pytest shows when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from microscope_kernels.fused_layernorm_gelu.ablation import FusedLayerNormGelu
+from microscope_kernels.fused_layernorm_gelu.kernel import _tile_shape, layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
+
+from microscope.api import DTYPES, Role
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    value = int.from_bytes(os.urandom(4), "little")
+    print(f"{request.node.name}: random seed {value}")
+    return value
+
+
+def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((y.double() - truth).norm() / truth.norm().clamp_min(1e-300))
+
+
+def run(fn, x, w, b, dy, approximate, dtype):
+    """Outputs and (dx, dw, db) of fn on copies of the inputs cast to ``dtype``."""
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b)]
+    y = fn(*leaves, 1e-5, approximate)
+    y.backward(dy.to(dtype))
+    return [y.detach()] + [t.grad for t in leaves]
+
+
+def check_against_float64(x, w, b, dy, approximate, dtype, seed, factor=4.0):
+    ours = run(layernorm_gelu, x, w, b, dy, approximate, dtype)
+    eager = run(layernorm_gelu_eager, x, w, b, dy, approximate, dtype)
+    rounded = [t.to(dtype) for t in (x, w, b, dy)]  # the truth sees exactly the inputs the kernels see
+    truth = run(layernorm_gelu_eager, *rounded, approximate, torch.float64)
+    floor = torch.finfo(dtype).eps  # two unit roundoffs
+    for name, got, base, ref in zip(("y", "dx", "dweight", "dbias"), ours, eager, truth):
+        assert torch.isfinite(got).all(), f"{name} not finite (seed {seed})"
+        limit = factor * rel_err(base, ref) + floor
+        assert rel_err(got, ref) <= limit, (
+            f"{name} {dtype}: rel err {rel_err(got, ref):.3g} > {limit:.3g} "
+            f"(eager's own: {rel_err(base, ref):.3g}; seed {seed})")
+
+
+def make_inputs(shape, seed, scale=1.0, offset=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    n = shape[-1]
+    x = torch.randn(shape, generator=gen) * scale + offset
+    w = 1.0 + 0.1 * torch.randn(n, generator=gen)
+    b = 0.1 * torch.randn(n, generator=gen)
+    dy = torch.randn(shape, generator=gen)
+    return x.to(DEVICE), w.to(DEVICE), b.to(DEVICE), dy.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("shape", [(37, 301), (6, 256), (2, 5, 100)], ids=["odd", "pow2", "3d"])
+def test_forward_and_gradients_match_float64(shape, approximate, dtype, seed):
+    check_against_float64(*make_inputs(shape, seed), approximate, dtype, seed)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_large_offset_and_magnitude(dtype, seed):
+    """A mean of 300 over a spread of 1 (fp32 would cancel with a one-pass E[x^2] - E[x]^2 variance),
+    and a spread of 300: both must keep the eager error level."""
+    check_against_float64(*make_inputs((9, 123), seed, offset=300.0), "tanh", dtype, seed)
+    check_against_float64(*make_inputs((9, 123), seed, scale=300.0), "none", dtype, seed)
+
+
+def test_constant_rows_give_gelu_of_bias(seed):
+    """Zero variance: the normalized row is 0 (rstd = 1/sqrt(eps) times exactly 0), output gelu(b)."""
+    x, w, b, dy = make_inputs((4, 77), seed)
+    x = torch.full_like(x, 3.25)
+    y = layernorm_gelu(x, w, b, 1e-5, "tanh")
+    expected = torch.nn.functional.gelu(b, approximate="tanh").expand_as(y)
+    assert torch.allclose(y, expected, rtol=1e-6, atol=1e-6), f"seed {seed}"
+    check_against_float64(x, w, b, dy, "tanh", torch.float32, seed)
+
+
+def test_inference_call_matches_training_call(seed):
+    """Under no_grad the kernel skips saving the statistics; the output must be the same bits."""
+    x, w, b, _ = make_inputs((11, 200), seed)
+    with torch.no_grad():
+        y_inf = layernorm_gelu(x, w, b)
+    y_train = layernorm_gelu(x.requires_grad_(True), w, b)
+    assert torch.equal(y_inf, y_train.detach()), f"seed {seed}"
+
+
+def test_backward_is_deterministic(seed):
+    """Partial sums are reduced in a fixed order (no atomics): two backwards agree bitwise."""
+    x, w, b, dy = make_inputs((41, 96), seed)
+    first = run(layernorm_gelu, x, w, b, dy, "tanh", torch.float32)
+    second = run(layernorm_gelu, x, w, b, dy, "tanh", torch.float32)
+    assert all(torch.equal(a, c) for a, c in zip(first, second)), f"seed {seed}"
+
+
+def test_rejects_bad_arguments():
+    x = torch.randn(3, 8, device=DEVICE)
+    w = torch.ones(8, device=DEVICE)
+    with pytest.raises(ValueError, match="approximate"):
+        layernorm_gelu(x, w, w, 1e-5, "erf")
+    with pytest.raises(ValueError, match="shape"):
+        layernorm_gelu(x, w[:4], w, 1e-5, "tanh")
+
+
+def test_gpu_tile_shape_keeps_sixteen_values_per_thread():
+    assert _tile_shape(4096) == (1, 8)
+    assert _tile_shape(8192) == (1, 16)
+    assert _tile_shape(65536) == (1, 32)
+    block_m, warps = _tile_shape(256)
+    assert block_m * 256 == 2048 and warps == 4
+
+
+# -- the plugin -----------------------------------------------------------------------------------
+def test_plugin_inputs_are_deterministic_for_a_seed():
+    plugin = FusedLayerNormGelu()
+    for case in plugin.cases:
+        a = plugin.inputs(case, torch.Generator().manual_seed(7), "cpu")
+        b = plugin.inputs(case, torch.Generator().manual_seed(7), "cpu")
+        c = plugin.inputs(case, torch.Generator().manual_seed(8), "cpu")
+        assert a["approximate"] == case["approximate"]
+        for name in ("x", "weight", "bias"):
+            assert a[name].dtype == case.dtype
+            assert torch.equal(a[name], b[name])
+        assert not torch.equal(a["x"], c["x"])
+
+
+def test_plugin_declares_variants_tolerances_and_counts():
+    plugin = FusedLayerNormGelu()
+    roles = {name: v.role for name, v in plugin.variants.items()}
+    assert roles == {"eager": Role.BASELINE, "triton": Role.CANDIDATE, "compile": Role.PEER}
+    assert plugin.variants["compile"].supports(plugin.cases[0], "cpu")
+    assert plugin.variants["compile"].supports(plugin.cases[0], "cuda") is None
+    for case in plugin.cases:
+        assert case["dtype"] in DTYPES
+        assert plugin.tolerance_for(case)
+        assert plugin.grad_inputs(case) == ("x", "weight", "bias")
+        rows, cols, size = case["rows"], case["cols"], case.dtype.itemsize
+        assert plugin.bytes(case) == (2 * rows * cols + 2 * cols) * size
+        assert plugin.bytes(case, backward=True) == (5 * rows * cols + 6 * cols) * size
+        assert plugin.flops(case, backward=True) > plugin.flops(case) > 0
+        assert case["cols"] % 16, "default columns should not be a multiple of a block"
+
+
+def test_plugin_candidate_meets_its_tolerance_on_default_cases():
+    """The candidate, on every default case, against the float64 truth and the eager baseline,
+    under the element and noise-calibrated rules that ``Tolerance`` documents."""
+    plugin = FusedLayerNormGelu()
+    for case in plugin.cases:
+        inputs = plugin.inputs(case, torch.Generator().manual_seed(3), DEVICE)
+        tol = plugin.tolerance_for(case)
+        x64 = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+        truth = plugin.variants["eager"].fn(**x64)
+        base = plugin.variants["eager"].fn(**inputs)
+        got = plugin.variants["triton"].fn(**inputs)
+        limit = tol.ref_factor * max(rel_err(base, truth), torch.finfo(case.dtype).eps / 2)
+        assert rel_err(got, truth) <= limit, case.id
+        outside = ((got.double() - truth).abs() > tol.atol + tol.rtol * truth.abs()).double().mean()
+        assert outside <= tol.max_mismatch, case.id

@@ -1,0 +1,202 @@
+"""int8 KV cache: quantization bound, memory accounting, and the split-K decode kernel vs float64.
+
+The kernel is checked twice: against float64 attention over the *dequantized* cache (the kernel's
+own error, judged against eager attention's error in the same dtype: <= 4x plus a floor) and
+against float64 attention over the *unquantized* cache (the whole accuracy cost of int8, judged
+against the plugin's declared budget). Each test prints its random seed, shown on failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from microscope_kernels.int8_kv_cache.ablation import INT8_ERROR_BUDGET, Int8KVCache
+from microscope_kernels.int8_kv_cache.kernel import (
+    MAX_SPLITS,
+    cache_bytes,
+    choose_split_len,
+    decode_attention,
+    dequantize_kv,
+    int8_decode_attention,
+    quantize_kv,
+)
+from microscope_kernels.int8_kv_cache.reference import eager_decode_attention
+
+from microscope.api import DTYPES, Role
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    value = int.from_bytes(os.urandom(4), "little")
+    print(f"{request.node.name}: random seed {value}")
+    return value
+
+
+def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((y.double() - truth).norm() / truth.norm().clamp_min(1e-300))
+
+
+def qkv(b, h, t, d, seed, dtype, q_scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, d, generator=gen) * q_scale
+    k = torch.randn(b, h, t, d, generator=gen)
+    v = torch.randn(b, h, t, d, generator=gen)
+    return [x.to(device=DEVICE, dtype=dtype) for x in (q, k, v)]
+
+
+# -- quantization and memory --------------------------------------------------------------------
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+def test_round_trip_error_is_at_most_half_a_step(granularity, dtype, scale_dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, 3, 45, 32, generator=gen) * torch.rand(2, 3, 45, 1, generator=gen) * 10).to(dtype)
+    x[0, 0, 3] = 0.0  # an all-zero token must not divide by zero
+    q, scale = quantize_kv(x, granularity, scale_dtype)
+    assert q.dtype == torch.int8 and scale.dtype == scale_dtype
+    assert scale.shape == ((2, 3, 45) if granularity == "token" else (2, 3, 32))
+    assert int(q.abs().max()) <= 127
+    error = (dequantize_kv(q, scale, granularity, torch.float64) - x.double()).abs()
+    step = scale.double().unsqueeze(-1 if granularity == "token" else -2)
+    excess = (error - step / 2).max()
+    assert torch.all(error <= step / 2 * (1 + 1e-12)), f"max excess {excess:.3g} (seed {seed})"
+    if granularity == "token":
+        assert torch.all(q[0, 0, 3] == 0)
+
+
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+def test_int8_cache_is_at_most_053x_bf16_at_head_dim_128(granularity):
+    b, h, t, d = 16, 32, 8192, 128
+    bf16 = cache_bytes(b, h, t, d, None)
+    int8 = cache_bytes(b, h, t, d, granularity)
+    assert bf16 == 2 * b * h * t * d * 2
+    per_head_scales = t if granularity == "token" else d
+    assert int8 == 2 * b * h * (t * d + 4 * per_head_scales)
+    assert int8 <= 0.53 * bf16
+    assert cache_bytes(b, h, t, d, granularity, scale_dtype=torch.float16) < int8
+
+
+# -- the decode kernels ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+def test_int8_decode_matches_float64(granularity, dtype, seed):
+    q, k, v = qkv(2, 3, 97, 32, seed, dtype)
+    k_q, k_s = quantize_kv(k, granularity)
+    v_q, v_s = quantize_kv(v, granularity)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
+    assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
+    k_deq, v_deq = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
+    truth_deq = eager_decode_attention(q.double(), k_deq, v_deq)
+    eager_deq = eager_decode_attention(q, k_deq.to(dtype), v_deq.to(dtype))
+    limit = 4 * rel_err(eager_deq, truth_deq) + torch.finfo(dtype).eps
+    assert rel_err(out, truth_deq) <= limit, f"kernel error {rel_err(out, truth_deq):.3g} > {limit:.3g} (seed {seed})"
+    truth = eager_decode_attention(q.double(), k.double(), v.double())
+    assert rel_err(out, truth) <= INT8_ERROR_BUDGET, f"int8 cost {rel_err(out, truth):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_unquantized_decode_matches_float64(dtype, seed):
+    q, k, v = qkv(1, 2, 75, 64, seed, dtype)
+    out = decode_attention(q, k, v)
+    truth = eager_decode_attention(q.double(), k.double(), v.double())
+    limit = 4 * rel_err(eager_decode_attention(q, k, v), truth) + torch.finfo(dtype).eps
+    assert rel_err(out, truth) <= limit, f"seed {seed}"
+
+
+@pytest.mark.parametrize("tokens,split_len", [(5, None), (16, 16), (33, 16), (97, 48), (97, 400)])
+def test_split_boundaries(tokens, split_len, seed):
+    """Fewer tokens than a block, splits that end mid-block, one split: all the same attention."""
+    q, k, v = qkv(1, 2, tokens, 32, seed, torch.float32)
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, "token", split_len=split_len)
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
+                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    assert rel_err(out, truth) < 1e-5, f"seed {seed}"
+
+
+def test_large_scores_stay_finite(seed):
+    """Scores in the hundreds: the online softmax's running max keeps every exponent <= 0."""
+    q, k, v = qkv(1, 2, 70, 32, seed, torch.float16, q_scale=60.0)
+    for granularity in ("token", "channel"):
+        k_q, k_s = quantize_kv(k, granularity)
+        v_q, v_s = quantize_kv(v, granularity)
+        out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
+        truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
+                                       dequantize_kv(v_q, v_s, granularity, torch.float64))
+        assert torch.isfinite(out).all() and rel_err(out, truth) < 4e-3, f"{granularity} (seed {seed})"
+
+
+def test_rejects_bad_arguments():
+    q, k, v = qkv(1, 2, 8, 32, 0, torch.float32)
+    k_q, k_s = quantize_kv(k, "token")
+    with pytest.raises(TypeError, match="int8"):
+        int8_decode_attention(q, k, k_s, v, k_s, "token")
+    with pytest.raises(ValueError, match="granularity"):
+        quantize_kv(k, "block")
+    with pytest.raises(ValueError, match="expected q"):
+        int8_decode_attention(q[:, :1], k_q, k_s, k_q, k_s, "token")
+
+
+def test_split_plan_fills_an_h200_for_the_target_shapes():
+    """B16 H32 T8192 and B64 H8 T32768 (512 heads): >= 16 waves of 4 programs on 132 SMs, whole
+    multiples of 256 tokens, never more splits than one merge program handles."""
+    for b, h, t in ((16, 32, 8192), (64, 8, 32768), (1, 8, 32768), (1, 1, 300)):
+        split_len = choose_split_len(t, b * h, 132)
+        splits = -(-t // split_len)
+        assert split_len % 256 == 0 and splits <= MAX_SPLITS
+        if b * h * t >= 16 * 4 * 132 * 256:
+            assert splits * b * h >= 16 * 4 * 132 * 0.9, (b, h, t, split_len)
+
+
+# -- the plugin -----------------------------------------------------------------------------------
+def test_plugin_inputs_are_deterministic_and_hold_the_quantized_cache():
+    plugin = Int8KVCache()
+    for case in plugin.cases:
+        a = plugin.inputs(case, torch.Generator().manual_seed(21), "cpu")
+        b = plugin.inputs(case, torch.Generator().manual_seed(21), "cpu")
+        c = plugin.inputs(case, torch.Generator().manual_seed(22), "cpu")
+        assert a["granularity"] == case["granularity"]
+        for name in ("q", "k", "v", "k_q", "k_scale", "v_q", "v_scale"):
+            assert torch.equal(a[name], b[name]), name
+        assert not torch.equal(a["k"], c["k"])
+        assert a["k_q"].dtype == torch.int8 and a["q"].dtype == case.dtype
+
+
+def test_plugin_declares_variants_tolerances_and_counts():
+    plugin = Int8KVCache()
+    roles = {name: v.role for name, v in plugin.variants.items()}
+    assert roles == {"eager": Role.BASELINE, "triton_int8": Role.CANDIDATE, "triton_fp": Role.CANDIDATE,
+                     "sdpa": Role.PEER}
+    assert not any(v.differentiable for v in plugin.variants.values())
+    for case in plugin.cases:
+        assert case["dtype"] in DTYPES and plugin.tolerance_for(case)
+        assert plugin.grad_inputs(case) == ()
+        b, h, t, d = case["batch"], case["heads"], case["tokens"], case["head_dim"]
+        assert plugin.bytes(case) == cache_bytes(b, h, t, d, case["granularity"]) + 2 * b * h * d * case.dtype.itemsize
+        assert plugin.flops(case) == 4 * b * h * t * d
+
+
+def test_plugin_variants_meet_the_tolerance_on_default_cases():
+    """Every variant on every default case, judged as the harness judges: float64 truth over the
+    unquantized cache, noise-calibrated against the eager baseline, and the element rule."""
+    plugin = Int8KVCache()
+    for case in plugin.cases:
+        inputs = plugin.inputs(case, torch.Generator().manual_seed(9), DEVICE)
+        tol = plugin.tolerance_for(case)
+        x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+               for k, v in inputs.items()}
+        truth = plugin.reference(x64)
+        base_err = rel_err(plugin.variants["eager"].fn(**inputs), truth)
+        limit = tol.ref_factor * max(base_err, torch.finfo(case.dtype).eps / 2)
+        for name, variant in plugin.variants.items():
+            got = variant.fn(**inputs)
+            assert got.shape == inputs["q"].shape and got.dtype == case.dtype
+            assert rel_err(got, truth) <= min(limit, INT8_ERROR_BUDGET), (case.id, name)
+            outside = ((got.double() - truth).abs() > tol.atol + tol.rtol * truth.abs()).double().mean()
+            assert outside <= tol.max_mismatch, (case.id, name)
