@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU evidence, batched into one device call per part (device time is scarce):
-#   bash .ci/gpu_session.sh operator   # GPU tests, flash_attn runs, kernel benches, planted-effect study
-#   bash .ci/gpu_session.sh model      # model-level runs on the gpu workload profile
+#   bash .ci/gpu_session.sh operator   # flash_attn run, kernel benches, planted-effect study
+#   bash .ci/gpu_session.sh model      # model-level runs on the gpu workload profile, GPU tests
+#   bash .ci/gpu_session.sh all        # operator, then model (no GPU tests), in one call
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 set -u
@@ -27,18 +28,24 @@ step() {  # step NAME SECONDS COMMAND...
 } >>"$log" 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1
 
-if [ "$part" = operator ]; then
-  step flash-fwd 240 microscope run ablations/flash_attn.yaml --device cuda --no-progress
-  step flash-train 120 microscope run ablations/flash_attn_train.yaml --device cuda --no-progress
+operator() {
+  step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress
   for room in fused_layernorm_gelu safe_softmax int8_kv_cache; do
-    step "bench-$room" 40 python3 -m "microscope_kernels.$room.bench"
+    step "bench-$room" 30 python3 -m "microscope_kernels.$room.bench"
   done
-  step planted 60 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
-else
+  step planted 40 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+}
+model() {
+  # MODEL_SET trims the configs' gpu profile when device time is short, e.g. "workload.seeds=2"
   for name in grad_checkpoint mixed_precision; do
-    step "model-$name" 200 microscope run "ablations/$name.yaml" --device cuda --no-progress
+    [ -f "ablations/$name.yaml" ] && step "model-$name" "${MODEL_LIMIT:-600}" \
+      microscope run "ablations/$name.yaml" --device cuda --no-progress ${MODEL_SET:+--set $MODEL_SET}
   done
-  step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider
-fi
+}
+case "$part" in
+  operator) operator ;;
+  model) model; step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider ;;
+  all) operator; model ;;
+esac
 tar czf "$OUT/results-$part.tgz" results reports 2>>"$log"
 grep -E "^=== " "$log"

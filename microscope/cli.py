@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="apply the config's quick: overlay (fewer cases/rounds)")
     run.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results/)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    run.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                     help="override config fields, e.g. --set workload.steps=60 dimensions.throughput.rounds=20")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     run.add_argument("--reports", type=Path, default=Path("reports"),
                      help="where the Markdown and HTML reports go (default: reports/)")

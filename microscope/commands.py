@@ -51,7 +51,9 @@ def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = 
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from microscope.model_runner import ModelRunner
     from microscope.report.console import skipped_summary, summary_table
+    from microscope.report.model_console import model_summary_table
     from microscope.runner import INTERPRETER_NOTE, Runner
 
     try:
@@ -59,7 +61,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
     interpreted = devmod.prepare(device)
-    overrides = {"seed": args.seed} if args.seed is not None else None
+    try:
+        overrides = dict(cfgmod.parse_assignment(item) for item in args.set)
+    except cfgmod.ConfigError as exc:
+        raise UserError(str(exc)) from exc
+    if args.seed is not None:
+        overrides["seed"] = args.seed
     config, plugin = load_checked(args.config, device, args.quick, overrides)
     text = args.config.read_text(encoding="utf-8")
     console.print(f"[bold]microscope[/] {plugin.name} on [bold]{device}[/] ({devmod.device_name(device)})"
@@ -68,8 +75,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]note:[/] {INTERPRETER_NOTE}.")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True) as progress:
-        runner = Runner(plugin, config, device=device, interpreted=interpreted, out_root=args.out,
-                        config_text=text)
+        model_level = cfgmod.effective_level(config, plugin) == "model"
+        runner_cls = ModelRunner if model_level else Runner  # same constructor and RunResult
+        runner = runner_cls(plugin, config, device=device, interpreted=interpreted, out_root=args.out,
+                            config_text=text)
         task = progress.add_task("planning", total=runner.steps())
 
         def advance(message: str) -> None:
@@ -81,7 +90,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         (runner.out_dir).mkdir(parents=True, exist_ok=True)
         (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
         result = runner.run()
-    console.print(summary_table(result.records, title=f"{plugin.name}: {result.run_id}"))
+    summary = model_summary_table if model_level else summary_table
+    console.print(summary(result.records, title=f"{plugin.name}: {result.run_id}"))
     for line in skipped_summary(result.records):
         console.print(f"[dim]skipped[/] {line}", highlight=False)
     _print_comparison(result, config, console)

@@ -362,6 +362,28 @@ def _check_cases(value: Any, dotted: str, at: Any, problems: list[str]) -> dict[
     return out
 
 
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``--set workload.steps=60`` -> ``("workload.steps", 60)``; the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError([f"--set {text!r}: expected KEY=VALUE, e.g. --set workload.steps=60"])
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"--set {text!r}: the value is not valid YAML ({exc})"]) from exc
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[last] = value
+
+
 # --- public entry points --------------------------------------------------------------------------
 
 
@@ -375,7 +397,7 @@ def load(
     """Read, overlay (device profile, then ``quick``) and validate a config file.
 
     ``device`` picks the ``profiles:`` entry (``cpu`` or ``cuda``); ``None`` leaves profiles unapplied.
-    ``overrides`` are top-level keys from the command line (e.g. ``seed``), applied last.
+    ``overrides`` are dotted keys from the command line (``seed``, ``workload.steps``), applied last.
     """
     path = Path(path)
     try:
@@ -436,8 +458,9 @@ def loads(
         _deep_merge(data, profiles[device], lines, f"profiles.{device}", "")
     if quick:
         _deep_merge(data, quick_overlay, lines, "quick", "")
-    for key, value in (overrides or {}).items():
-        data[key] = value
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+        lines.pop(dotted, None)  # a command-line value has no line in the file
     config = _build(RunConfig, data, "", file, lines, problems)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

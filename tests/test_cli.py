@@ -99,3 +99,16 @@ def test_run_with_bad_config_exits_2_before_running(plugin_dir, tmp_path, capsys
 def test_list_shows_builtin_plugins(capsys):
     assert main(["list"]) == 0
     assert "flash_attn" in capsys.readouterr().out
+
+
+def test_set_overrides_nested_fields_and_reports_typos(plugin_dir, tmp_path, capsys):
+    path = _write(plugin_dir, CONFIG, "set.yaml")
+    args = ["run", str(path), "--device", "cpu", "--no-progress", "--no-report", "--out", str(tmp_path / "res")]
+    main(args + ["--set", "dimensions.throughput.rounds=3", "cases.n=[7]", "variants=[written]"])
+    run = next((tmp_path / "res").iterdir())
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    latency = [r for r in records if r["metric"] == "latency_ms"]
+    assert {r["case_id"] for r in records} == {"n=7,fp32"} and len(latency[0]["details"]["rounds"]) == 3
+    capsys.readouterr()
+    assert main(args + ["--set", "dimensions.throughput.roundz=3"]) == 2
+    assert "dimensions.throughput.roundz: unknown key; did you mean 'rounds'?" in capsys.readouterr().err
