@@ -29,7 +29,8 @@ step() {  # step NAME SECONDS COMMAND...
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1
 
 operator() {
-  step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress
+  step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress \
+    --set instrument.profile.enabled=true instrument.graph_diff=true instrument.tensorboard=true
   for room in fused_layernorm_gelu safe_softmax int8_kv_cache; do
     step "bench-$room" 30 python3 -m "microscope_kernels.$room.bench"
   done

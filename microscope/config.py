@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from microscope.api import DTYPES, Ablation
+from microscope.instrument.config import InstrumentConfig
 
 
 class ConfigError(Exception):
@@ -126,6 +127,7 @@ class RunConfig:
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    instrument: InstrumentConfig = field(default_factory=InstrumentConfig)  # hooks, traces, TensorBoard
     # provenance: where the config came from and which line each dotted field was written on
     path: str = "<inline>"
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -331,7 +333,11 @@ def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int
         problems.append(f"{file}: {prefix + '.' if prefix else ''}{name}: required key is missing; add '{name}: ...'")
     if missing or any(v is None for v in kwargs.values() if v is None):
         return None
-    return cls(**{k: v for k, v in kwargs.items() if v is not None})
+    try:
+        return cls(**{k: v for k, v in kwargs.items() if v is not None})
+    except (ValueError, TypeError) as exc:  # a section's own cross-field checks (__post_init__)
+        problems.append(f"{at(prefix)}: {prefix or 'config'}: {exc}")
+        return None
 
 
 def _check_overrides(value: Any, schema: type, dotted: str, at: Any, problems: list[str]) -> dict[str, Any]:

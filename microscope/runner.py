@@ -121,6 +121,11 @@ class Runner:
         self.records: list[Record] = []
         self._writer: RecordWriter | None = None
         self.ceilings: Ceilings | None = None
+        self.tensorboard = None
+        if config.instrument.tensorboard:
+            from microscope.instrument import RunLogger
+
+            self.tensorboard = RunLogger(self.out_dir / "tensorboard")
 
     # -- planning -----------------------------------------------------------------------------
     def trials(self) -> Iterator[tuple[Case, int]]:
@@ -157,6 +162,8 @@ class Runner:
             for case in plan_cases(self.plugin, self.config):
                 self._run_case(case, variants)
         self._writer = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
                          time.perf_counter() - start)
 
@@ -204,6 +211,8 @@ class Runner:
         if dims.memory.enabled:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
+        if self.config.instrument.profile.enabled or self.config.instrument.graph_diff:
+            self._observe(case, seed0, first_inputs, timed)
 
     # -- dimensions ---------------------------------------------------------------------------
     def _grad_names(self, case: Case, backward: bool) -> tuple[str, ...]:
@@ -294,6 +303,8 @@ class Runner:
                        "n_samples": len(timing.samples), "notes": notes}
             self._emit(case, seed, name, variant, "throughput", "latency_ms", timing.median_ms, unit="ms",
                        details=details)
+            if self.tensorboard is not None:
+                self.tensorboard.scalar(name, f"latency_ms/{case.id}", timing.median_ms)
             seconds = timing.median_ms / 1e3
             for metric, amount, unit, scale in (("tflops", flops, "TFLOP/s", 1e12), ("gbps", nbytes, "GB/s", 1e9)):
                 if not amount:
@@ -305,6 +316,23 @@ class Runner:
                     extra["ceiling"] = ceiling
                 self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
                            details=extra)
+
+    def _observe(self, case: Case, seed: int, inputs: dict[str, Any],
+                 timed: Sequence[tuple[str, Variant]]) -> None:
+        """Traces and op diffs of the variants, in the throughput dimension's call mode."""
+        from microscope.observe import observe_case
+
+        grad_names = self._grad_names(case, self.config.dimensions.throughput.backward)
+        cots = None
+        if grad_names:
+            _, _, cots = self._cotangents(case, seed, inputs, grad_names)
+            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        thunks = {name: make_call(variant, fresh_inputs(inputs, grad_names if variant.differentiable else ()),
+                                  grad_names, bool(grad_names), cots) for name, variant in timed}
+        problems = observe_case(case, thunks, self.plugin.baseline_variant()[0], self.config.instrument,
+                                self.out_dir, self.device, self.tensorboard)
+        for problem in problems:
+            self.on_progress(f"instrument: {problem}")
 
     def _memory(self, case: Case, seed: int, inputs: dict[str, Any],
                 timed: Sequence[tuple[str, Variant]]) -> None:
