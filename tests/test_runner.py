@@ -114,3 +114,16 @@ def test_different_seed_changes_inputs(tmp_path):
     va = [r.value for r in a.records if r.variant == "fused" and r.status == "ok"]
     vb = [r.value for r in b.records if r.variant == "fused" and r.status == "ok"]
     assert va != vb
+
+
+def test_a_record_cut_by_a_kill_is_skipped_and_the_rest_survive(toy_run, tmp_path):
+    from microscope.store.records import read_records
+
+    text = (toy_run.out_dir / "records.jsonl").read_text()
+    cut = tmp_path / "records.jsonl"
+    cut.write_text(text + '{"run_id": "run", "plugin": "toy_g')
+    with pytest.warns(UserWarning, match="last record cut short"):
+        assert len(list(read_records(cut))) == len(toy_run.records)
+    cut.write_text('{"broken\n' + text)
+    with pytest.raises(ValueError, match="records.jsonl:1: not a JSON record"):
+        list(read_records(cut))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -107,19 +108,25 @@ class RecordWriter:
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the records of a ``records.jsonl`` (or of a results folder holding one)."""
+    """Yield the records of a ``records.jsonl`` (or of a results folder holding one).
+
+    A run killed mid-write leaves a cut last line: it is skipped with a warning, so every record that
+    was complete survives. A bad line anywhere else means the file was damaged and is an error.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "records.jsonl"
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:  # a line cut by a crash: say where, keep the rest
-                raise ValueError(f"{path}:{line_no}: not a JSON record ({exc.msg}); was the run killed mid-write?")
+    lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+    lines = [(n, line) for n, line in lines if line]
+    for i, (line_no, line) in enumerate(lines):
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}:{line_no}: last record cut short ({exc.msg}); was the run killed "
+                              "mid-write? Skipped it.", stacklevel=2)
+                return
+            raise ValueError(f"{path}:{line_no}: not a JSON record ({exc.msg}); the file is damaged") from exc
 
 
 def records_frame(path: Path):  # -> pandas.DataFrame
