@@ -1,0 +1,1 @@
+"""grad_checkpoint: recompute transformer blocks in backward instead of storing their activations (README.md)."""

@@ -1,0 +1,315 @@
+"""Model-level measurements: turn a trained model and its ``TrainResult`` into named, recorded numbers.
+
+Each function returns ``Measurement``s (value = the scalar; details = the arrays behind it). The metric
+names and dimensions are chosen for ``microscope.stats.metric_kind``:
+
+* ``accuracy``: model accuracy, compared *paired per token* (``details.per_token``) or per recall
+  example (``details.per_example``); ``future_leak`` carries a ``passed`` flag, so it is a pass/fail check;
+* ``stability`` and ``generalization``: one value per seed, compared as distributions over seeds;
+* ``throughput``: ``*_tokens_per_s`` rates (never ``*_ms``, which would be read as latency);
+* ``memory``: ``*_peak_bytes``.
+
+``STAGES`` lists, per stage of a trial, the metrics it produces, so that a stage that fails can record
+every metric it owed as failed, and a report never silently misses a row.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from microscope.measures.memory import LiveTensorBytes
+from microscope.seeding import derive_seed
+from microscope.stats.distributions import grad_norm_cv
+from microscope.workloads import (
+    AssociativeRecall,
+    EvalResult,
+    TrainRecipe,
+    TrainResult,
+    Transformer,
+    decode_throughput,
+    peak_memory_inference,
+    peak_memory_train_step,
+    prefill_throughput,
+)
+from microscope.workloads.memory import PeakReading
+
+__all__ = ["LEAK_TOLERANCE", "RECALL_EXAMPLES", "Measurement", "stage_metrics"]
+
+#: Largest change of earlier logits, when only later tokens change, that still counts as causal.
+#: A causal model gives exactly 0 (the earlier positions never read the later tokens).
+LEAK_TOLERANCE = 1e-6
+#: Fresh recall sequences scored per context length (chance accuracy is 10%).
+RECALL_EXAMPLES = 256
+
+_LOWER, _HIGHER = False, True
+
+
+@dataclass
+class Measurement:
+    """One record's worth: dimension, metric, value and the arrays behind it."""
+
+    dimension: str
+    metric: str
+    value: float | None
+    unit: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    passed: bool | None = None
+    reason: str | None = None
+
+
+def _m(dimension: str, metric: str, value: float | None, unit: str, better: bool, **details: Any) -> Measurement:
+    return Measurement(dimension, metric, value, unit, {"higher_is_better": better, **details})
+
+
+def stage_metrics(task: str, fp16: bool) -> dict[str, list[tuple[str, str]]]:
+    """Stage -> the (dimension, metric) pairs it records, for task ``lm`` or ``recall``."""
+    stability = ["final_loss", "steps_to_baseline_loss", "grad_norm_cv", "grad_norm_max", "loss_spikes",
+                 "nonfinite_steps", "update_ratio_max"] + (["loss_scale_changes"] if fp16 else [])
+    if task == "recall":
+        accuracy = ["recall_loss", "recall_acc"]
+        general = ["recall_loss_2x", "recall_loss_4x", "recall_acc_2x", "recall_acc_4x"]
+    else:
+        accuracy = ["val_loss", "val_ppl", "val_token_acc"]
+        general = ["ood_loss", "ood_gap", "val_loss_2x", "val_loss_4x"]
+    return {
+        "check": [("accuracy", "future_leak")],
+        "train": [("stability", m) for m in stability] + [("throughput", "train_tokens_per_s")],
+        "evaluate": [("accuracy", m) for m in accuracy] + [("generalization", m) for m in general],
+        "inference": [("throughput", "prefill_tokens_per_s"), ("throughput", "decode_tokens_per_s")],
+        "memory": [("memory", "train_step_peak_bytes"), ("memory", "inference_peak_bytes")],
+    }
+
+
+# -- stability --------------------------------------------------------------------------------------
+
+
+def tail_window(steps: int) -> int:
+    """Steps averaged for the final loss (the last 10%, at least one)."""
+    return max(1, steps // 10)
+
+
+def smoothed_loss(loss: np.ndarray) -> np.ndarray:
+    """Trailing mean over ``tail_window`` steps (NaN before the window fills); its last value is the final loss."""
+    w = tail_window(len(loss))
+    out = np.full(len(loss), np.nan)
+    for t in range(w - 1, len(loss)):
+        out[t] = np.mean(loss[t - w + 1 : t + 1])
+    return out
+
+
+def first_nonfinite(loss: np.ndarray) -> int | None:
+    """Index of the first step whose loss is NaN or Inf, or None."""
+    bad = np.flatnonzero(~np.isfinite(loss))
+    return int(bad[0]) if bad.size else None
+
+
+def stability(result: TrainResult, target: float | None, warmup: int, fp16: bool) -> list[Measurement]:
+    """Loss curve, convergence speed, gradient statistics, spikes, NaN/Inf steps, update ratios, AMP events.
+
+    ``target`` is the baseline's final loss of the same seed (None when the baseline has none):
+    ``steps_to_baseline_loss`` is the first step at which this arm's smoothed loss reaches it.
+    """
+    loss, steps = result.loss, len(result.loss)
+    w = tail_window(steps)
+    smooth = smoothed_loss(loss)
+    diverged = first_nonfinite(loss)
+    final = Measurement("stability", "final_loss", None if diverged is not None else float(smooth[-1]), "nats",
+                        {"higher_is_better": _LOWER, "curve": loss.tolist(), "window": w,
+                         "definition": f"mean loss of the last {w} of {steps} steps"})
+    if diverged is not None:
+        final.reason = f"training diverged: the loss is non-finite from step {diverged}"
+    if target is None:
+        reach = Measurement("stability", "steps_to_baseline_loss", None, "steps",
+                            reason="no baseline final loss for this seed (the baseline failed or diverged)")
+    else:
+        hit = np.flatnonzero(smooth <= target)
+        reach = _m("stability", "steps_to_baseline_loss", int(hit[0]) + 1 if hit.size else steps, "steps", _LOWER,
+                   target=target, reached=bool(hit.size), window=w,
+                   definition=f"first step whose trailing {w}-step mean loss is <= the baseline's final loss "
+                              "(the step count when never reached: a lower bound)")
+    gn = result.grad_norm
+    skip = warmup if steps > warmup + 1 else 0
+    finite_gn = gn[np.isfinite(gn)]
+    layers = {name: result.layer_grad_norm[:, i].tolist() for i, name in enumerate(result.layer_names)}
+    spikes = result.spikes
+    bad_steps = (result.nan_count + result.inf_count > 0) | ~np.isfinite(loss)
+    ratios = result.update_ratio[np.isfinite(result.update_ratio)]
+    out = [
+        final,
+        reach,
+        _m("stability", "grad_norm_cv", grad_norm_cv(gn[skip:]), "ratio", _LOWER, after_step=skip,
+           definition="std/mean of the global grad norm (before clipping) over the steps after warm-up"),
+        _m("stability", "grad_norm_max", float(finite_gn.max()) if finite_gn.size else math.nan, "norm", _LOWER,
+           curve=gn.tolist(), layers=layers),
+        _m("stability", "loss_spikes", int(spikes.sum()), "count", _LOWER, steps=np.flatnonzero(spikes).tolist(),
+           window=result.spike_window, k=result.spike_k,
+           definition="loss > median + k * MAD of the previous window (workloads.stability.loss_spikes)"),
+        _m("stability", "nonfinite_steps", int(bad_steps.sum()), "steps", _LOWER,
+           nan_elements=int(result.nan_count.sum()), inf_elements=int(result.inf_count.sum()),
+           first=int(np.flatnonzero(bad_steps)[0]) if bad_steps.any() else None,
+           definition="steps whose loss or gradients held a NaN or Inf"),
+        _m("stability", "update_ratio_max", float(ratios.max()) if ratios.size else math.nan, "ratio", _LOWER,
+           curve=result.update_ratio.tolist(),
+           layers={name: float(result.layer_update_ratio[-1, i]) for i, name in enumerate(result.layer_names)},
+           definition="max over steps of ||theta_new - theta_old|| / ||theta_old||"),
+    ]
+    if fp16:
+        scales = result.loss_scale
+        scaler = bool(np.isfinite(scales).any())
+        changes = int((np.diff(scales[np.isfinite(scales)]) != 0).sum()) if scaler else 0
+        out.append(_m("stability", "loss_scale_changes", changes, "count", _LOWER, scaler=scaler,
+                      skipped_steps=int(result.skipped.sum()), curve=scales.tolist() if scaler else [],
+                      definition="times the GradScaler's scale changed between steps (0 without a scaler)"))
+    return out
+
+
+def train_speed(result: TrainResult, notes: list[str]) -> Measurement:
+    """Training tokens/s over the steps after the first 10% (allocator and cache warm-up)."""
+    skip = min(max(1, len(result.loss) // 10), len(result.loss) - 1)
+    samples = (result.tokens[skip:] / result.step_time[skip:]).tolist()
+    return _m("throughput", "train_tokens_per_s", result.tokens_per_s(skip), "tokens/s", _HIGHER,
+              samples=samples, warmup_steps=skip, notes=notes,
+              definition="tokens of the timed steps / their summed step time (forward, backward, optimizer)")
+
+
+# -- accuracy and generalization --------------------------------------------------------------------
+
+
+def _span_sha(tokens: torch.Tensor, result: EvalResult) -> str:
+    """SHA-256 of the token span an evaluation scored, so records show which text each one used."""
+    span = tokens[: result.n_windows * result.seq_len + 1].to(torch.int32).numpy()
+    return hashlib.sha256(span.tobytes()).hexdigest()
+
+
+def _eval_details(result: EvalResult, split: str, tokens: torch.Tensor) -> dict[str, Any]:
+    return {"split": split, "seq_len": result.seq_len, "n_tokens": result.n_tokens,
+            "n_windows": result.n_windows, "data_sha256": _span_sha(tokens, result)}
+
+
+def lm_evaluation(evals: dict[str, EvalResult], val: torch.Tensor, ood: torch.Tensor,
+                  margin: float) -> list[Measurement]:
+    """Validation loss/perplexity/accuracy (paired per token), and OOD and 2x/4x-context losses."""
+    v = evals["val@1x"]
+    o = evals["ood@1x"]
+    vd = _eval_details(v, "val", val)
+    out = [
+        _m("accuracy", "val_loss", v.loss, "nats", _LOWER, per_token=v.token_losses.tolist(), margin=margin, **vd),
+        _m("accuracy", "val_ppl", v.perplexity, "", _LOWER, **vd),
+        _m("accuracy", "val_token_acc", v.accuracy, "fraction", _HIGHER,
+           per_token=v.token_correct.astype(np.float32).tolist(), **vd),
+        _m("generalization", "ood_loss", o.loss, "nats", _LOWER, per_token=o.token_losses.tolist(),
+           **_eval_details(o, "ood", ood)),
+        _m("generalization", "ood_gap", o.loss - v.loss, "nats", _LOWER, ood_loss=o.loss, val_loss=v.loss,
+           definition="out-of-domain loss minus in-domain validation loss, both at the training context"),
+    ]
+    for mult in (2, 4):
+        r = evals[f"val@{mult}x"]
+        out.append(_m("generalization", f"val_loss_{mult}x", r.loss, "nats", _LOWER,
+                      per_token=r.token_losses.tolist(), multiplier=mult, **_eval_details(r, "val", val)))
+    return out
+
+
+@torch.no_grad()
+def recall_scores(model: Transformer, task: AssociativeRecall, context: int, seed: int,
+                  n_examples: int = RECALL_EXAMPLES, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example answer loss and correctness on fresh recall sequences (same sequences for every arm).
+
+    The per-example arrays (not ``recall_accuracy``'s single fraction) let the statistics pair arms
+    example by example.
+    """
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(derive_seed(seed, "recall-eval", context))
+    was_training = model.training
+    model.eval()
+    losses, correct = [], []
+    try:
+        for start in range(0, n_examples, batch_size):
+            batch = task.sample(min(batch_size, n_examples - start), context, gen)
+            logits = model(batch.x.to(dev))[:, -1].float().cpu()
+            losses.append(F.cross_entropy(logits, batch.answer, reduction="none"))
+            correct.append(logits.argmax(-1) == batch.answer)
+    finally:
+        model.train(was_training)
+    return torch.cat(losses).numpy(), torch.cat(correct).numpy().astype(np.float32)
+
+
+def recall_evaluation(model: Transformer, task: AssociativeRecall, context: int, seed: int,
+                      margin: float) -> list[Measurement]:
+    """Recall loss/accuracy at the trained context (paired per example) and at 2x/4x context."""
+    out = []
+    for mult in (1, 2, 4):
+        length = context * mult
+        losses, correct = recall_scores(model, task, length, seed)
+        dim, suffix = ("accuracy", "") if mult == 1 else ("generalization", f"_{mult}x")
+        info = {"seq_len": length, "n_examples": len(losses), "n_pairs": task.max_pairs(length),
+                "multiplier": mult}
+        loss_extra = {"margin": margin} if mult == 1 else {}
+        out.append(_m(dim, f"recall_loss{suffix}", float(losses.mean()), "nats", _LOWER,
+                      per_example=losses.tolist(), **loss_extra, **info))
+        out.append(_m(dim, f"recall_acc{suffix}", float(correct.mean()), "fraction", _HIGHER,
+                      per_example=correct.tolist(), **info))
+    return out
+
+
+# -- inference speed and memory ---------------------------------------------------------------------
+
+
+def inference_speed(model: Transformer, prompt: torch.Tensor, decode_tokens: int,
+                    notes: list[str]) -> list[Measurement]:
+    """Prefill tokens/s of ``prompt`` (B, S) and greedy decode tokens/s after a prefill of its first half."""
+    pre = prefill_throughput(model, prompt, repeats=5, warmup=1)
+    short = prompt[:, : max(1, prompt.shape[1] // 2)]
+    dec = decode_throughput(model, short, decode_tokens, repeats=3, warmup=1)
+    return [
+        _m("throughput", "prefill_tokens_per_s", pre.tokens_per_s, "tokens/s", _HIGHER, samples=pre.samples,
+           tokens=pre.tokens, prompt_shape=list(prompt.shape), notes=notes),
+        _m("throughput", "decode_tokens_per_s", dec.tokens_per_s, "tokens/s", _HIGHER, samples=dec.samples,
+           tokens=dec.tokens, prompt_shape=list(short.shape), new_tokens=decode_tokens, notes=notes),
+    ]
+
+
+@contextmanager
+def live_tensor_peak() -> Iterator[PeakReading]:
+    """CPU peak probe for ``workloads.memory``: bytes of tensors created inside the block (``LiveTensorBytes``)."""
+    reading = PeakReading()
+    gc.collect()
+    with LiveTensorBytes() as tracker:
+        yield reading
+    reading.peak_bytes = int(tracker.peak)
+
+
+_METHODS = {
+    "cuda": "cuda_allocator_peak: torch.cuda.max_memory_allocated over the region, absolute "
+            "(weights and optimizer state included)",
+    "cpu": "cpu_live_tensor_bytes: bytes of the tensors created during the region (weights, optimizer state "
+           "and inputs made before it are not counted)",
+}
+
+
+def memory(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor], recipe: TrainRecipe, prompt: torch.Tensor,
+           decode_tokens: int, device: str, precision_ctx: AbstractContextManager[Any]) -> list[Measurement]:
+    """Peak bytes of inference (prefill + decode, under the recipe's autocast), then of one train step.
+
+    The train step trains ``model`` in place, so it comes last.
+    """
+    probe = live_tensor_peak if device == "cpu" else None
+    method = _METHODS["cpu" if device == "cpu" else "cuda"]
+    with precision_ctx:
+        infer = peak_memory_inference(model, prompt, decode_tokens, probe=probe)
+    step = peak_memory_train_step(model, batch, recipe, probe=probe)
+    return [
+        _m("memory", "inference_peak_bytes", infer, "bytes", _LOWER, method=method,
+           prompt_shape=list(prompt.shape), new_tokens=decode_tokens),
+        _m("memory", "train_step_peak_bytes", step, "bytes", _LOWER, method=method,
+           batch_shape=list(batch[0].shape), precision=recipe.precision, checkpoint_every=recipe.checkpoint_every),
+    ]

@@ -1,0 +1,186 @@
+"""The model-level runner: every arm of a plugin trained and evaluated on the embedded workload, per seed.
+
+The operator runner (``microscope.runner``) calls kernels on seeded tensors; this one trains the
+embedded model (``microscope.workloads``) once per arm and seed and measures what the change did to
+the model: stability of training, accuracy, generalization, throughput and memory. Same constructor,
+same ``RunResult``, same record conventions (one record per measurement, streamed to
+``records.jsonl``; ``status`` ok / failed / skipped with a reason; a failing arm never stops the
+others), so ``microscope run`` picks either by the config's level.
+
+Fairness: for seed index ``k`` every arm starts from bitwise-identical weights (checked by checksum),
+sees the same batches in the same order and the same loop seed (``model_setup.TrialSeeds``); arms run
+baseline first, so a candidate's convergence speed can be measured against the baseline's final loss of
+the same seed. Throughput is measured arm after arm, not interleaved: rates are shown, never tested.
+
+The config's ``dimensions`` switch whole stages: ``accuracy.enabled`` the evaluations (accuracy and
+generalization), ``throughput.enabled`` the speed records, ``memory.enabled`` the peak-memory records
+(measured once per arm, on seed index 0). Training and its stability records always run.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from microscope import env as envmod
+from microscope.api import Ablation, Arm, Case, Role
+from microscope.config import RunConfig
+from microscope.instrument import RunLogger
+from microscope.model_measures import Measurement, stage_metrics
+from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
+from microscope.model_trial import BaselineRef, Trial
+from microscope.observe_model import log_training, observe_models
+from microscope.runner import INTERPRETER_NOTE, RunResult, _describe, new_run_id, skip_reason
+from microscope.store.records import Record, RecordWriter
+
+__all__ = ["ModelRunner", "plan_arms"]
+
+_ROLE_ORDER = {Role.BASELINE: 0, Role.CANDIDATE: 1, Role.PEER: 2}
+
+
+def plan_arms(plugin: Ablation, config: RunConfig) -> list[tuple[str, Arm]]:
+    """Arms to run, baseline first; a config's ``variants:`` subset always keeps the baseline."""
+    chosen = set(config.variants)
+    arms = [(n, a) for n, a in plugin.arms.items() if not chosen or n in chosen or a.role is Role.BASELINE]
+    return sorted(arms, key=lambda na: _ROLE_ORDER[na[1].role])
+
+
+class ModelRunner:
+    """Runs one model-level config for one plugin on one device; writes ``<out>/<run_id>/records.jsonl``."""
+
+    def __init__(
+        self,
+        plugin: Ablation,
+        config: RunConfig,
+        *,
+        device: str,
+        interpreted: bool,
+        out_root: Path,
+        config_text: str = "",
+        run_id: str | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plugin = plugin
+        self.config = config
+        self.device = device
+        self.interpreted = interpreted
+        self.run_id = run_id or new_run_id(plugin.name)
+        self.out_dir = Path(out_root) / self.run_id
+        self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
+        self.on_progress = on_progress or (lambda _msg: None)
+        self.records: list[Record] = []
+        self._writer: RecordWriter | None = None
+        workload = config.workload
+        self.case = Case.of(profile=workload.profile, task=workload.task)
+
+    # -- planning -----------------------------------------------------------------------------
+    def arms(self) -> list[tuple[str, Arm]]:
+        return plan_arms(self.plugin, self.config)
+
+    def steps(self) -> int:
+        """Progress steps: one per arm that is not skipped, and seed."""
+        runnable = [a for _, a in self.arms() if skip_reason(a, self.case, self.device) is None]  # type: ignore[arg-type]
+        return len(runnable) * self.config.workload.seeds
+
+    def plan(self, first_seed: bool) -> dict[str, list[tuple[str, str]]]:
+        """Stage -> (dimension, metric) records owed, for the enabled dimensions (memory: first seed only)."""
+        dims = self.config.dimensions
+        enabled = {"stability": True, "accuracy": dims.accuracy.enabled,
+                   "generalization": dims.accuracy.enabled, "throughput": dims.throughput.enabled,
+                   "memory": dims.memory.enabled and first_seed}
+        stages = stage_metrics(self.config.workload.task, self._any_fp16())
+        plan = {stage: [(d, m) for d, m in owed if enabled[d]] for stage, owed in stages.items()}
+        return {stage: owed for stage, owed in plan.items() if owed or stage in ("check", "train")}
+
+    def _any_fp16(self) -> bool:
+        """Whether some arm trains with fp16 autocast (then every arm records AMP loss-scale changes)."""
+        seeds = TrialSeeds.of(self.config.seed, 0)
+        for _, arm in self.arms():
+            try:
+                if trial_setup(self.config.workload, arm, seeds).recipe.precision == "fp16":
+                    return True
+            except (TypeError, ValueError, KeyError):
+                continue  # the arm's own check stage records why its setup is invalid
+        return False
+
+    # -- records ------------------------------------------------------------------------------
+    def _emit(self, seed: int, name: str, arm: Arm, m: Measurement, status: str | None) -> None:
+        if status is None:
+            status = "failed" if m.value is None else "ok"
+        record = Record(
+            run_id=self.run_id, plugin=self.plugin.name, variant=name, role=arm.role.value,
+            case_id=self.case.id, case=self.case.params, seed=seed, dimension=m.dimension, metric=m.metric,
+            value=m.value if status == "ok" else None, unit=m.unit, status=status, reason=m.reason,
+            passed=m.passed if status == "ok" else None, details=m.details, device=self.device,
+            interpreted=self.interpreted, env=self.env,
+        )
+        self.records.append(record)
+        assert self._writer is not None
+        self._writer.write(record)
+
+    def _emit_all(self, seed: int, name: str, arm: Arm, status: str, reason: str) -> None:
+        for owed in self.plan(first_seed=True).values():
+            for dimension, metric in owed:
+                self._emit(seed, name, arm, Measurement(dimension, metric, None, reason=reason), status)
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        start = time.perf_counter()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        workload = self.config.workload
+        arms = self.arms()
+        seed0 = TrialSeeds.of(self.config.seed, 0).trial
+        with RecordWriter(self.out_dir / "records.jsonl") as writer:
+            self._writer = writer
+            try:
+                data = WorkloadData.load(workload)
+            except Exception as exc:  # noqa: BLE001 - a corpus that cannot be read fails every arm, visibly
+                why = f"workload data failed to load: {_describe(exc)}"
+                self.env = {**self.env, "corpus_hash": None}
+                for name, arm in arms:
+                    self._emit_all(seed0, name, arm, "failed", why)
+                self._writer = None
+                return self._result(start)
+            self.env = {**self.env, "corpus_hash": data.sha256, "corpus": data.description}
+            active = []
+            for name, arm in arms:
+                reason = skip_reason(arm, self.case, self.device)  # type: ignore[arg-type]  # same needs/supports
+                if reason is None:
+                    active.append((name, arm))
+                else:
+                    self._emit_all(seed0, name, arm, "skipped", reason)
+            logger = self._observe(active, data)
+            for k in range(workload.seeds):
+                seeds = TrialSeeds.of(self.config.seed, k)
+                plan = self.plan(first_seed=k == 0)
+                baseline = BaselineRef()
+                for name, arm in active:
+                    self.on_progress(f"seed {k + 1}/{workload.seeds}: {name}")
+                    notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []
+                    emit = functools.partial(self._emit, seeds.trial, name, arm)
+                    trial = Trial(arm, seeds, workload, data, self.device, plan, emit, baseline, notes)
+                    trial.run()
+                    if logger is not None and trial.result is not None:
+                        log_training(logger, name, k, trial.result)
+            if logger is not None:
+                logger.close()
+        self._writer = None
+        return self._result(start)
+
+    def _observe(self, active: list[tuple[str, Arm]], data: WorkloadData) -> RunLogger | None:
+        """Hooks, op and trace diffs of one step per arm (before training); the TensorBoard logger."""
+        icfg = self.config.instrument
+        logger = RunLogger(self.out_dir / "tensorboard") if icfg.tensorboard else None
+        if active and (icfg.hooks or icfg.graph_diff or icfg.profile.enabled):
+            self.on_progress("instruments: one step per arm")
+            problems = observe_models(active, self.config.workload, data, TrialSeeds.of(self.config.seed, 0),
+                                      self.device, icfg, self.out_dir, logger)
+            for problem in problems:
+                self.on_progress(f"instrument: {problem}")
+        return logger
+
+    def _result(self, start: float) -> RunResult:
+        return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
+                         time.perf_counter() - start)

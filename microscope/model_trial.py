@@ -1,0 +1,201 @@
+"""One arm trained and evaluated for one seed, stage by stage, with every stage's failure isolated.
+
+Stages, in order: ``check`` (build the model from the seed's init, checksum the weights, apply the arm's
+patch, probe for future-token leaks), ``train``, ``evaluate`` (accuracy and generalization),
+``inference`` (prefill/decode speed) and ``memory``. A stage that raises records each metric it owed as
+failed with the reason; after a failed ``check`` or ``train``, or a training run whose loss went
+non-finite, later stages record "not measured" with that reason instead of running on a broken model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from microscope.api import Arm, Role
+from microscope.config import WorkloadConfig
+from microscope.model_measures import (
+    LEAK_TOLERANCE,
+    Measurement,
+    first_nonfinite,
+    inference_speed,
+    lm_evaluation,
+    memory,
+    recall_evaluation,
+    smoothed_loss,
+    stability,
+    train_speed,
+)
+from microscope.model_setup import TrialSeeds, TrialSetup, WorkloadData, autocast, param_checksum, trial_setup
+from microscope.runner import _describe
+from microscope.workloads import (
+    ModelConfig,
+    TrainResult,
+    Transformer,
+    WindowSampler,
+    build_model,
+    eval_windows,
+    evaluate_suite,
+    future_leak,
+    train,
+)
+
+__all__ = ["BaselineRef", "Trial"]
+
+#: ``emit(measurement, status)``: status None means ok unless the value is missing.
+Emit = Callable[[Measurement, "str | None"], None]
+
+
+@dataclass
+class BaselineRef:
+    """What the candidates of one seed need from that seed's baseline run."""
+
+    final_loss: float | None = None
+    checksum: str | None = None
+    model: ModelConfig | None = None
+
+
+@dataclass
+class Trial:
+    """Runs the planned stages of one (arm, seed); ``plan`` maps stage -> the (dimension, metric) it records."""
+
+    arm: Arm
+    seeds: TrialSeeds
+    workload: WorkloadConfig
+    data: WorkloadData
+    device: str
+    plan: dict[str, list[tuple[str, str]]]
+    emit: Emit
+    baseline: BaselineRef
+    notes: list[str] = field(default_factory=list)
+    setup: TrialSetup | None = None
+    model: Transformer | None = None
+    result: TrainResult | None = None
+    dead: str | None = None
+    common: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.arm.role is Role.BASELINE
+
+    def run(self) -> None:
+        try:
+            for stage, fn in (("check", self._check), ("train", self._train), ("evaluate", self._evaluate),
+                              ("inference", self._inference), ("memory", self._memory)):
+                if stage in self.plan:
+                    self._stage(stage, fn)
+        finally:
+            self.model = None
+            gc.collect()
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+
+    def _stage(self, stage: str, fn: Callable[[], list[Measurement]]) -> None:
+        owed = self.plan[stage]
+        if self.dead is not None:
+            for dimension, metric in owed:
+                self.emit(Measurement(dimension, metric, None, reason=self.dead, details=dict(self.common)), "failed")
+            return
+        try:
+            measured = fn()
+        except Exception as exc:  # noqa: BLE001 - any failure of one arm is recorded, the run goes on
+            why = _describe(exc)
+            for dimension, metric in owed:
+                self.emit(Measurement(dimension, metric, None, reason=why, details=dict(self.common)), "failed")
+            if stage in ("check", "train"):
+                self.dead = f"not measured: {stage} failed ({why})"
+            return
+        wanted = set(owed)
+        for m in measured:
+            if (m.dimension, m.metric) in wanted:
+                m.details = {**self.common, **m.details}
+                self.emit(m, None)
+
+    # -- stages -------------------------------------------------------------------------------------
+    def _check(self) -> list[Measurement]:
+        """Same initial weights as the baseline (checked by checksum), then the patch, then the leak probe."""
+        self.setup = setup = trial_setup(self.workload, self.arm, self.seeds)
+        model = build_model(setup.model, seed=self.seeds.init, device=self.device)
+        checksum = param_checksum(model)
+        ref = self.baseline
+        if self.is_baseline:
+            ref.checksum, ref.model = checksum, setup.model
+        elif ref.model == setup.model and ref.checksum is not None and ref.checksum != checksum:
+            raise RuntimeError("initial weights differ from the baseline's under the same model config")
+        self.common = {"init_sha256": checksum,
+                       "same_init_as_baseline": None if ref.checksum is None else ref.checksum == checksum}
+        if self.arm.patch is not None:
+            self.arm.patch(model)
+        self.model = model
+        seq = min(32, setup.context)
+        leak = future_leak(model, seq_len=seq, seed=self.seeds.eval)
+        ok = leak <= LEAK_TOLERANCE
+        reason = None if ok else (
+            f"attention sees future tokens: earlier logits change by up to {leak:.3g} when only later tokens "
+            "change; this arm's losses are not valid")
+        return [Measurement("accuracy", "future_leak", leak, "max |d logit|", passed=ok, reason=reason,
+                            details={"seq_len": seq, "tolerance": LEAK_TOLERANCE,
+                                     "definition": "workloads.checks.future_leak on the patched, untrained model"})]
+
+    def _batches(self):  # noqa: ANN202 - workloads.train.Batches
+        assert self.setup is not None
+        recipe, context = self.setup.recipe, self.setup.context
+        if self.data.recall is not None:
+            return self.data.recall.batches(recipe.batch_size, context, self.seeds.data)
+        assert self.data.corpus is not None
+        return WindowSampler(self.data.corpus.train, context, recipe.batch_size, seed=self.seeds.data)
+
+    def _train(self) -> list[Measurement]:
+        assert self.setup is not None and self.model is not None
+        recipe = self.setup.recipe
+        self.result = result = train(self.model, self._batches(), recipe, self.device)
+        diverged = first_nonfinite(result.loss)
+        own = None if diverged is not None else float(smoothed_loss(result.loss)[-1])
+        if self.is_baseline:
+            self.baseline.final_loss = own
+        amp_row = ("stability", "loss_scale_changes") in self.plan["train"]
+        measured = stability(result, self.baseline.final_loss, recipe.warmup, amp_row)
+        measured[0].details.update(model_config=self.setup.model.to_dict(), recipe=dataclasses.asdict(recipe),
+                                   profile=self.setup.profile.name)
+        measured.append(train_speed(result, self.notes))
+        if diverged is not None:
+            self.dead = f"not measured: training diverged (the loss is non-finite from step {diverged})"
+        return measured
+
+    def _evaluate(self) -> list[Measurement]:
+        assert self.setup is not None and self.model is not None
+        s, margin = self.setup, self.workload.margin
+        if self.data.recall is not None:
+            with autocast(self.device, s.recipe.precision):
+                return recall_evaluation(self.model, self.data.recall, s.context, self.seeds.eval, margin)
+        corpus = self.data.corpus
+        assert corpus is not None
+        evals = evaluate_suite(self.model, corpus, s.context, s.eval_tokens, batch_size=s.eval_batch_size,
+                               device=self.device, precision=s.recipe.precision)
+        return lm_evaluation(evals, corpus.val, corpus.ood, margin)
+
+    def _prompt(self) -> torch.Tensor:
+        """The inference prompt (eval batch x context), the same tokens for every arm of a seed."""
+        assert self.setup is not None
+        rows, context = self.setup.eval_batch_size, self.setup.context
+        if self.data.recall is not None:
+            gen = torch.Generator().manual_seed(self.seeds.eval)
+            return self.data.recall.sample(rows, context, gen).x.to(self.device)
+        assert self.data.corpus is not None
+        return eval_windows(self.data.corpus.val, context)[0][:rows].to(self.device)
+
+    def _inference(self) -> list[Measurement]:
+        assert self.setup is not None and self.model is not None
+        with autocast(self.device, self.setup.recipe.precision):
+            return inference_speed(self.model, self._prompt(), self.workload.decode_tokens, self.notes)
+
+    def _memory(self) -> list[Measurement]:
+        assert self.setup is not None and self.model is not None
+        recipe = self.setup.recipe
+        return memory(self.model, self._batches()(0), recipe, self._prompt(), self.workload.decode_tokens,
+                      self.device, autocast(self.device, recipe.precision))

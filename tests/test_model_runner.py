@@ -1,0 +1,224 @@
+"""The model-level runner: fair arms (same weights, data, seeds), isolated failures, honest records.
+
+One tiny workload (a 2-block model of width 32, 6 steps, 512 evaluated tokens) keeps every run to a
+few seconds; the arms below are built to break in known ways.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from microscope import cli
+from microscope import config as cfgmod
+from microscope.api import Ablation, Arm, Role, register
+from microscope.model_runner import ModelRunner
+from microscope.report.model_console import model_summary_table
+from microscope.stats import compare_records
+from microscope.store.records import read_records, records_frame
+from microscope.workloads import eager_attention
+
+WORKLOAD = """
+workload:
+  seeds: 2
+  steps: 6
+  batch_size: 4
+  eval_tokens: 512
+  decode_tokens: 2
+  model: {d_model: 32, n_heads: 2, context: 32}
+  corpus: {max_bytes: 1000000}
+"""
+
+
+def _drop_causal_mask(model) -> None:
+    """The classic broken patch: attention that ignores ``causal`` and reads future tokens."""
+    model.set_attention(lambda q, k, v, causal: eager_attention(q, k, v, causal=False))
+
+
+def _raise(model) -> None:
+    raise RuntimeError("patch exploded on purpose")
+
+
+def _nan_activation(model) -> None:
+    for block in model.blocks:
+        block.mlp.act = lambda x: x * math.nan
+
+
+@register("toy_model_arms")
+class ToyModelArms(Ablation):
+    """Test plugin: a genuine recipe change and three broken arms."""
+
+    arms = {
+        "base": Arm(Role.BASELINE, "the workload as is"),
+        "lower_lr": Arm(description="a genuine change: half the learning rate", recipe={"lr": 1.5e-3}),
+        "leaky": Arm(description="drops the causal mask", patch=_drop_causal_mask),
+        "raises": Arm(description="its patch raises", patch=_raise),
+        "nan": Arm(description="NaN activations: the loss is NaN from the first step", patch=_nan_activation),
+    }
+
+
+def _run(tmp_path, extra: str = "", name: str = "run", task: str = "lm"):
+    workload = WORKLOAD.replace("seeds: 2", f"seeds: 2\n  task: {task}")
+    text = f"plugin: toy_model_arms\nlevel: model\nseed: 3\n{workload}{extra}"
+    cfg = cfgmod.loads(text, "toy_model.yaml")
+    plugin = ToyModelArms()
+    cfgmod.check_against_plugin(cfg, plugin)
+    return ModelRunner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id=name).run()
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("model"))
+
+
+def _by(result, **match):
+    return [r for r in result.records if all(getattr(r, k) == v for k, v in match.items())]
+
+
+def _one(result, **match):
+    found = _by(result, **match)
+    assert len(found) == 1, (match, len(found))
+    return found[0]
+
+
+def test_every_record_carries_the_runner_fields_and_the_corpus_hash(toy_run):
+    on_disk = list(read_records(toy_run.out_dir))
+    assert len(on_disk) == len(toy_run.records) > 0
+    sha = toy_run.records[0].env["corpus_hash"]
+    assert isinstance(sha, str) and len(sha) == 64
+    for r in toy_run.records:
+        assert r.plugin == "toy_model_arms" and r.case_id == "profile=tiny,task=lm"
+        assert r.device == "cpu" and r.interpreted is False and r.env["corpus_hash"] == sha
+        assert r.role == ("baseline" if r.variant == "base" else "candidate")
+    dims = {r.dimension for r in _by(toy_run, variant="base", status="ok")}
+    assert dims == {"accuracy", "stability", "generalization", "throughput", "memory"}
+    assert len(_by(toy_run, variant="base", metric="train_step_peak_bytes")) == 1  # memory: once per arm
+
+
+def test_identical_initial_weights_across_arms_and_distinct_across_seeds(toy_run):
+    by_seed: dict[int, set[str]] = {}
+    for r in toy_run.records:
+        if r.variant in ("base", "lower_lr", "leaky") and "init_sha256" in r.details:
+            by_seed.setdefault(r.seed, set()).add(r.details["init_sha256"])
+            assert r.details["same_init_as_baseline"] is True
+    assert len(by_seed) == 2 and all(len(shas) == 1 for shas in by_seed.values())
+    assert len(set.union(*by_seed.values())) == 2
+
+
+def test_training_is_deterministic_through_the_runner(toy_run, tmp_path):
+    again = _run(tmp_path, "variants: [lower_lr]\ndimensions: {throughput: {enabled: false}, "
+                           "memory: {enabled: false}}\n", name="again")
+    for arm in ("base", "lower_lr"):
+        first = {r.seed: r.details["curve"] for r in _by(toy_run, variant=arm, metric="final_loss")}
+        second = {r.seed: r.details["curve"] for r in _by(again, variant=arm, metric="final_loss")}
+        assert first == second and len(first) == 2
+    assert not _by(again, variant="leaky")  # the variants subset keeps the baseline, drops the rest
+    base = {r.seed: r.details["curve"] for r in _by(toy_run, variant="base", metric="final_loss")}
+    lower = {r.seed: r.details["curve"] for r in _by(toy_run, variant="lower_lr", metric="final_loss")}
+    assert all(base[s][0] == lower[s][0] for s in base)  # same weights and first batch: same first loss
+    assert all(base[s] != lower[s] for s in base)
+
+
+def test_dropped_causal_mask_fails_the_future_leak_check(toy_run):
+    for seed_rec in _by(toy_run, variant="base", metric="future_leak"):
+        assert seed_rec.status == "ok" and seed_rec.passed is True and seed_rec.value == 0.0
+    leaks = _by(toy_run, variant="leaky", metric="future_leak")
+    assert len(leaks) == 2
+    for r in leaks:
+        assert r.status == "ok" and r.passed is False and r.value > 1e-3
+        assert "future tokens" in r.reason
+    table = compare_records(records_frame(toy_run.out_dir))
+    row = table[(table.metric == "future_leak") & (table.candidate == "leaky")].iloc[0]
+    assert row.verdict == "fail"
+
+
+def test_raising_patch_is_recorded_failed_while_the_other_arms_succeed(toy_run):
+    failed = _by(toy_run, variant="raises")
+    assert failed and all(r.status == "failed" and r.value is None for r in failed)
+    assert all("patch exploded on purpose" in r.reason for r in failed)
+    assert {r.dimension for r in failed} == {"accuracy", "stability", "generalization", "throughput", "memory"}
+    for arm in ("base", "lower_lr", "leaky"):
+        assert all(r.status == "ok" for r in _by(toy_run, variant=arm)), arm
+
+
+def test_nan_loss_is_a_recorded_failure_with_its_stability_evidence(toy_run):
+    for r in _by(toy_run, variant="nan", metric="final_loss"):
+        assert r.status == "failed" and "non-finite from step 0" in r.reason
+        assert len(r.details["curve"]) == 6
+    for r in _by(toy_run, variant="nan", metric="nonfinite_steps"):
+        assert r.status == "ok" and r.value == 6
+    for r in _by(toy_run, variant="nan", metric="val_loss"):
+        assert r.status == "failed" and "training diverged" in r.reason
+
+
+def test_ood_and_long_context_evaluations_use_other_data_and_lengths(toy_run):
+    seed = toy_run.records[0].seed
+    val = _one(toy_run, variant="base", seed=seed, metric="val_loss").details
+    ood = _one(toy_run, variant="base", seed=seed, metric="ood_loss").details
+    x2 = _one(toy_run, variant="base", seed=seed, metric="val_loss_2x").details
+    x4 = _one(toy_run, variant="base", seed=seed, metric="val_loss_4x").details
+    assert (val["split"], ood["split"]) == ("val", "ood")
+    assert ood["data_sha256"] != val["data_sha256"]
+    assert (val["seq_len"], x2["seq_len"], x4["seq_len"]) == (32, 64, 128)
+    assert val["n_tokens"] == x2["n_tokens"] == x4["n_tokens"] == ood["n_tokens"] == 512
+    assert (val["n_windows"], x2["n_windows"], x4["n_windows"]) == (16, 8, 4)
+    assert len(val["per_token"]) == len(x4["per_token"]) == len(ood["per_token"]) == 512
+    assert val["per_token"] != ood["per_token"]
+
+
+def test_stats_pair_val_loss_per_token_and_treat_stability_as_distributions(toy_run):
+    table = compare_records(records_frame(toy_run.out_dir))
+    cand = table[table.candidate == "lower_lr"]
+    val = cand[cand.metric == "val_loss"].iloc[0]
+    assert val.n == 2 * 512 and "paired" in val.notes
+    acc = cand[cand.metric == "val_token_acc"].iloc[0]
+    assert acc.n == 2 * 512 and "higher is better" in acc.notes
+    for metric in ("final_loss", "grad_norm_cv", "loss_spikes", "steps_to_baseline_loss", "ood_loss"):
+        row = cand[cand.metric == metric].iloc[0]
+        assert row.n == 2 and "over seeds" in row.notes, metric
+    raised = table[(table.candidate == "raises") & (table.metric == "val_loss")].iloc[0]
+    assert raised.verdict == "failed"
+
+
+def test_recall_task_scores_fresh_sequences_at_1x_2x_and_4x_context(tmp_path):
+    result = _run(tmp_path, "variants: [lower_lr]\ndimensions: {throughput: {enabled: false}, "
+                            "memory: {enabled: false}}\n", name="recall", task="recall")
+    assert not result.failed
+    base = {r.metric: r for r in _by(result, variant="base") if r.dimension in ("accuracy", "generalization")}
+    assert set(base) == {"future_leak", "recall_loss", "recall_acc", "recall_loss_2x", "recall_loss_4x",
+                         "recall_acc_2x", "recall_acc_4x"}
+    assert [base[m].details["seq_len"] for m in ("recall_acc", "recall_acc_2x", "recall_acc_4x")] == [32, 64, 128]
+    assert all(len(base[m].details["per_example"]) == 256 for m in base if m != "future_leak")
+    assert result.records[0].env["corpus"]["kind"] == "associative_recall"
+    table = compare_records(records_frame(result.out_dir))
+    row = table[(table.metric == "recall_loss") & (table.candidate == "lower_lr")].iloc[0]
+    assert row.n == 2 * 256 and "paired" in row.notes
+
+
+def test_model_summary_table_lists_every_arm_with_its_seed_means(toy_run):
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(model_summary_table(toy_run.records, title="toy"))
+    text = console.export_text()
+    for word in ("base", "lower_lr", "leaky", "raises", "final loss", "val loss", "OOD loss", "train tok/s",
+                 "train peak MiB", "spikes", "patch exploded on purpose", "future tokens"):
+        assert word in text, word
+
+
+def test_cli_run_picks_the_model_runner_for_a_model_level_config(tmp_path, capsys):
+    config = tmp_path / "gc.yaml"
+    config.write_text("plugin: grad_checkpoint\nlevel: model\nseed: 1\nvariants: [every_1]\n"
+                      "dimensions: {throughput: {enabled: false}}\n" + WORKLOAD.replace("seeds: 2", "seeds: 1"))
+    code = cli.main(["run", str(config), "--device", "cpu", "--out", str(tmp_path / "out"), "--no-progress",
+                     "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "final loss" in out and "train peak MiB" in out and "every_1" in out
+    records = [json.loads(line) for line in next((tmp_path / "out").glob("*/records.jsonl")).read_text().splitlines()]
+    peaks = {r["variant"]: r["value"] for r in records if r["metric"] == "train_step_peak_bytes"}
+    assert peaks["every_1"] < peaks["none"]  # checkpointing every block stores fewer activations
+    curves = {r["variant"]: r["details"]["curve"] for r in records if r["metric"] == "final_loss"}
+    assert curves["every_1"] == curves["none"]  # recomputation is exact
