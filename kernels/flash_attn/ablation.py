@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
 from .peers import PEERS, Peer
@@ -40,6 +40,15 @@ def _triton_supports(case: Case, device: str) -> str | None:
     return None
 
 
+def use_flash_attention(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+    """Model level: every block of the embedded model calls the Triton kernel as its ``attn_fn``.
+
+    ``flash_attention(q, k, v, causal)`` already has the workload's attention contract (q, k, v as
+    (B, H, S, D); causal only with equal lengths; default scale 1/sqrt(D), as the eager baseline).
+    """
+    model.set_attention(flash_attention)
+
+
 @register("flash_attn")
 class FlashAttention(Ablation):
     """Tiled online-softmax attention in one Triton kernel (forward and backward) vs eager math attention."""
@@ -56,6 +65,12 @@ class FlashAttention(Ablation):
     }
     cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0], head_dim=[64], dtype=["fp32", "bf16"],
                  causal=[False, True])
+    #: Model level: the workload's own eager attention vs the kernel patched into every block.
+    arms = {
+        "eager": Arm(Role.BASELINE, "the embedded model's eager attention (scores, mask, softmax, matmul)"),
+        "triton": Arm(description="microscope's FlashAttention-2 style Triton kernel in every block",
+                      patch=use_flash_attention, needs=("triton",)),
+    }
     tolerance = {
         "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
         "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),

@@ -1,0 +1,154 @@
+"""flash_attention (forward and gradients) vs float64 eager attention, via the Triton interpreter on CPU.
+
+Every test draws fresh random inputs from a new seed, printed in any failure message; rerun one case with
+``MICROSCOPE_TEST_SEED=<seed>``. Errors are judged relative to the error eager attention itself makes in the
+same dtype (``rel_err(kernel) <= 4 * rel_err(eager) + floor``), not against a hand-tuned atol: a kernel
+passes when it is about as accurate as the plain PyTorch it replaces, in every dtype.
+
+Shapes are tiny and odd (the interpreter runs each program in numpy), yet span several tiles of the fixed
+interpreter configuration (32 x 16), so masked tails, causal diagonals and Sq != Sk all occur.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+import torch
+from microscope_kernels.flash_attn import kernel
+from microscope_kernels.flash_attn.kernel import flash_attention
+from microscope_kernels.flash_attn.peers import PEERS, sdpa_math
+from microscope_kernels.flash_attn.reference import causal_visible, eager_attention
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+REF_FACTOR = 4.0
+
+
+def _seed() -> int:
+    return int(os.environ.get("MICROSCOPE_TEST_SEED", secrets.randbits(31)))
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _fwd_bwd(fn, inputs: list[torch.Tensor], do: torch.Tensor, causal: bool) -> list[torch.Tensor]:
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves, causal=causal)
+    out.backward(do)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _inputs(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, q_scale: float = 1.0):
+    """q, k, v, dO in ``dtype`` (batch 1, 2 heads). ``q_scale`` > 1 makes sharp softmaxes (large logits)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(1, 2, sq, head_dim), (1, 2, sk, head_dim), (1, 2, sk, head_dim), (1, 2, sq, head_dim)]
+    q, k, v, do = (torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes)
+    # Keys growing along the sequence make the running max jump between tiles (the rescaling paths).
+    k = k * torch.linspace(0.5, 1.5, sk, dtype=torch.float64)[:, None]
+    return [t.to(dtype) for t in (q * q_scale, k, v, do)]
+
+
+def assert_as_accurate_as_eager(sq: int, sk: int, head_dim: int, dtype: torch.dtype, causal: bool,
+                                q_scale: float = 1.0) -> None:
+    """Out, dq, dk, dv of flash_attention vs float64 eager, against eager's own error in ``dtype``."""
+    seed = _seed()
+    q, k, v, do = _inputs(seed, sq, sk, head_dim, dtype, q_scale)
+    # The reference sees the same rounded inputs, so only the arithmetic is compared.
+    ref = _fwd_bwd(eager_attention, [q.double(), k.double(), v.double()], do.double(), causal)
+    eager = _fwd_bwd(eager_attention, [q, k, v], do, causal)
+    got = _fwd_bwd(flash_attention, [q, k, v], do, causal)
+    for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
+        assert g.dtype == dtype and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
+        err, base = _rel(g, r), _rel(e, r)
+        limit = REF_FACTOR * base + FLOOR[dtype]
+        assert err <= limit, (f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e}) for Sq={sq} "
+                              f"Sk={sk} D={head_dim} {dtype} causal={causal}; MICROSCOPE_TEST_SEED={seed}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize(("sq", "sk", "head_dim"), [(37, 53, 64), (100, 100, 128), (1, 45, 64)])
+def test_matches_float64_eager(sq: int, sk: int, head_dim: int, dtype: str, causal: bool) -> None:
+    assert_as_accurate_as_eager(sq, sk, head_dim, DTYPES[dtype], causal)
+
+
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+@pytest.mark.parametrize(("sq", "sk"), [(45, 128), (128, 128)])
+def test_whole_tiles_single_loop(monkeypatch: pytest.MonkeyPatch, sq: int, sk: int, tma: str) -> None:
+    """No causal mask and S a multiple of 128: the forward and dQ (Sk) and dK/dV (Sq) compile one loop."""
+    monkeypatch.setenv("MICROSCOPE_FLASH_TMA", tma)
+    assert_as_accurate_as_eager(sq, sk, 64, torch.bfloat16, causal=False)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_causal_queries_that_see_no_key_output_zero(dtype: str) -> None:
+    """Sq > Sk causal: the first Sq - Sk queries see nothing; output and gradients there are zero."""
+    assert_as_accurate_as_eager(53, 37, 64, DTYPES[dtype], causal=True)
+    q, k, v, _ = _inputs(_seed(), 53, 37, 64, DTYPES[dtype])
+    assert torch.all(flash_attention(q, k, v, causal=True)[:, :, :16] == 0)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["exact", "lazy"])
+def test_large_logits_in_both_rescaling_modes(monkeypatch: pytest.MonkeyPatch, lazy: bool) -> None:
+    """Sharp softmaxes whose max jumps across tiles, with the exact and the lazy (thresholded) rescale."""
+    monkeypatch.setitem(kernel._INTERPRET_FWD, "LAZY", lazy)
+    assert_as_accurate_as_eager(70, 90, 64, torch.bfloat16, causal=False, q_scale=6.0)
+    assert_as_accurate_as_eager(70, 90, 64, torch.float32, causal=True, q_scale=6.0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tma_descriptor_path(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """The Hopper load path (tensor descriptors over the flattened heads) gives the same answers."""
+    monkeypatch.setenv("MICROSCOPE_FLASH_TMA", "1")
+    assert_as_accurate_as_eager(37, 53, 64, torch.float16, causal)
+
+
+def test_non_contiguous_inputs_and_custom_scale() -> None:
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    # (B, S, H, D) projections viewed as (B, H, S, D): not contiguous.
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).transpose(1, 2) for _ in range(3))
+    got = flash_attention(q, k, v, causal=True, sm_scale=0.3)
+    ref = eager_attention(q.double(), k.double(), v.double(), causal=True, sm_scale=0.3)
+    assert _rel(got, ref) < 1e-5, f"MICROSCOPE_TEST_SEED={seed}"
+
+
+@pytest.mark.parametrize("head_dim", [48, 512])
+def test_unsupported_head_dim_raises(head_dim: int) -> None:
+    q = torch.randn(1, 1, 8, head_dim)
+    with pytest.raises(ValueError, match=r"head dims \(32, 64, 128, 256\)"):
+        flash_attention(q, q, q)
+
+
+def test_mismatched_shapes_and_dtypes_raise() -> None:
+    q = torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="disagree"):
+        flash_attention(q, torch.randn(1, 3, 8, 64), torch.randn(1, 3, 8, 64))
+    with pytest.raises(ValueError, match="one dtype"):
+        flash_attention(q, q.half(), q)
+
+
+def test_reference_causal_mask_is_bottom_right() -> None:
+    visible = causal_visible(2, 4)
+    assert visible.tolist() == [[True, True, True, False], [True, True, True, True]]
+    q, k, v = (torch.randn(1, 1, s, 8, dtype=torch.float64) for s in (3, 5, 5))
+    explicit = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_visible(3, 5))
+    torch.testing.assert_close(eager_attention(q, k, v, causal=True), explicit)
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(7, 13), (13, 7)])
+def test_sdpa_math_peer_uses_the_same_causal_alignment(sq: int, sk: int) -> None:
+    q, k, v = (torch.randn(1, 2, s, 16, dtype=torch.float64) for s in (sq, sk, sk))
+    torch.testing.assert_close(sdpa_math(q, k, v, causal=True), eager_attention(q, k, v, causal=True))
+
+
+def test_peers_report_why_they_cannot_run() -> None:
+    shape_q, shape_k = (1, 2, 37, 64), (1, 2, 53, 64)
+    reasons = {name: peer.supports(shape_q, shape_k, torch.float32, "cpu", True)
+               for name, peer in PEERS.items()}
+    assert reasons.pop("sdpa_math") is None
+    assert all(isinstance(reason, str) for reason in reasons.values()), reasons
+    assert "top-left" in PEERS["sdpa_cudnn"].supports(shape_q, shape_k, torch.bfloat16, "cuda", True)
