@@ -19,6 +19,7 @@ step() {  # step NAME SECONDS COMMAND...
   local start=$SECONDS
   timeout "$limit" "$@" >>"$log" 2>&1
   echo "=== $name: exit $? after $((SECONDS - start)) s" | tee -a "$log"
+  tar czf "$OUT/results-$part.tgz" results reports 2>/dev/null  # after every step: a cut call keeps it
 }
 
 {
@@ -48,5 +49,4 @@ case "$part" in
   model) model; step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider ;;
   all) operator; model ;;
 esac
-tar czf "$OUT/results-$part.tgz" results reports 2>>"$log"
 grep -E "^=== " "$log"
