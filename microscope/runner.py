@@ -121,6 +121,7 @@ class Runner:
         self.records: list[Record] = []
         self._writer: RecordWriter | None = None
         self.ceilings: Ceilings | None = None
+        self._to_observe: list[tuple[Case, int, list[tuple[str, Variant]]]] = []
         self.tensorboard = None
         if config.instrument.tensorboard:
             from microscope.instrument import RunLogger
@@ -161,6 +162,14 @@ class Runner:
             self._writer = writer
             for case in plan_cases(self.plugin, self.config):
                 self._run_case(case, variants)
+        # Instruments run after every measurement of the run: the profiler and the op tracer patch
+        # process-wide hooks (and torch.compile caches may see them), which must never touch a number.
+        for case, seed, timed in self._to_observe:
+            self.on_progress(f"{case.id}: instruments")
+            try:
+                self._observe(case, seed, self.plugin.inputs(case, generator(seed), self.device), timed)
+            except Exception as exc:  # an instrument never fails a run whose numbers are recorded
+                self.on_progress(f"instrument: {case.id}: {_describe(exc)}")
         self._writer = None
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -212,7 +221,7 @@ class Runner:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
         if self.config.instrument.profile.enabled or self.config.instrument.graph_diff:
-            self._observe(case, seed0, first_inputs, timed)
+            self._to_observe.append((case, seed0, timed))
 
     # -- dimensions ---------------------------------------------------------------------------
     def _grad_names(self, case: Case, backward: bool) -> tuple[str, ...]:
@@ -320,6 +329,7 @@ class Runner:
     def _observe(self, case: Case, seed: int, inputs: dict[str, Any],
                  timed: Sequence[tuple[str, Variant]]) -> None:
         """Traces and op diffs of the variants, in the throughput dimension's call mode."""
+        seed_everything(seed)
         from microscope.observe import observe_case
 
         grad_names = self._grad_names(case, self.config.dimensions.throughput.backward)
