@@ -415,6 +415,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, BH, Sq, Sk, SQ_BUCKET, S
 # Autotuning
 # ----------------------------------------------------------------------------------------------------------
 
+
 class Tile(NamedTuple):
     """One autotuning candidate shape: the kernel's outer tile (the forward's and dQ's BLOCK_M, dK/dV's
     BLOCK_N), its inner tile, pipeline depth, warps; whether it is tried plain (``ws=""``), plain and
@@ -545,6 +546,9 @@ def _prune(table: Tiles, fp32_table: Tiles, names: tuple[str, str], kernel_name:
                 continue
             ws = bool(cfg.kwargs.get("WARP_SPEC"))
             if ws and ("ws" not in modes[tile] or not _warp_specializable(cfg, kwargs, dtype)):
+                continue
+            # Measured on an H200 (PERF.md): lazy rescaling won only with pointer loads, never with TMA.
+            if cfg.kwargs.get("LAZY") and kwargs["USE_TMA"]:
                 continue
             if not ws and modes[tile] == "ws":
                 continue
