@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
-from pathlib import Path
 
-from microscope import env as envmod
 from microscope.api import Ablation, Arm, Case, Role
 from microscope.config import RunConfig
 from microscope.instrument import RunLogger
@@ -32,7 +29,7 @@ from microscope.model_measures import Measurement, stage_metrics
 from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
-from microscope.runner import INTERPRETER_NOTE, RunResult, _describe, new_run_id, skip_reason
+from microscope.runner import INTERPRETER_NOTE, RunBase, RunResult, _describe, skip_reason
 from microscope.store.records import Record, RecordWriter
 
 __all__ = ["ModelRunner", "plan_arms"]
@@ -47,32 +44,11 @@ def plan_arms(plugin: Ablation, config: RunConfig) -> list[tuple[str, Arm]]:
     return sorted(arms, key=lambda na: _ROLE_ORDER[na[1].role])
 
 
-class ModelRunner:
+class ModelRunner(RunBase):
     """Runs one model-level config for one plugin on one device; writes ``<out>/<run_id>/records.jsonl``."""
 
-    def __init__(
-        self,
-        plugin: Ablation,
-        config: RunConfig,
-        *,
-        device: str,
-        interpreted: bool,
-        out_root: Path,
-        config_text: str = "",
-        run_id: str | None = None,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> None:
-        self.plugin = plugin
-        self.config = config
-        self.device = device
-        self.interpreted = interpreted
-        self.run_id = run_id or new_run_id(plugin.name)
-        self.out_dir = Path(out_root) / self.run_id
-        self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
-        self.on_progress = on_progress or (lambda _msg: None)
-        self.records: list[Record] = []
-        self._writer: RecordWriter | None = None
-        workload = config.workload
+    def _setup(self) -> None:
+        workload = self.config.workload
         self.case = Case.of(profile=workload.profile, task=workload.task)
 
     # -- planning -----------------------------------------------------------------------------
@@ -116,9 +92,7 @@ class ModelRunner:
             passed=m.passed if status == "ok" else None, details=m.details, device=self.device,
             interpreted=self.interpreted, env=self.env,
         )
-        self.records.append(record)
-        assert self._writer is not None
-        self._writer.write(record)
+        self._write(record)
 
     def _emit_all(self, seed: int, name: str, arm: Arm, status: str, reason: str) -> None:
         for owed in self.plan(first_seed=True).values():
@@ -180,7 +154,3 @@ class ModelRunner:
             for problem in problems:
                 self.on_progress(f"instrument: {problem}")
         return logger
-
-    def _result(self, start: float) -> RunResult:
-        return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
-                         time.perf_counter() - start)

@@ -95,8 +95,11 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-class Runner:
-    """Runs one config for one plugin on one device and writes ``<out>/<run_id>/records.jsonl``."""
+class RunBase:
+    """What every runner shares: the run's identity and folder, its environment, and the record stream.
+
+    Subclasses add their own state in ``_setup`` and implement ``run() -> RunResult``.
+    """
 
     def __init__(
         self,
@@ -120,10 +123,30 @@ class Runner:
         self.on_progress = on_progress or (lambda _msg: None)
         self.records: list[Record] = []
         self._writer: RecordWriter | None = None
+        self._setup()
+
+    def _setup(self) -> None:
+        """Runner-specific state (called at the end of ``__init__``)."""
+
+    def _write(self, record: Record) -> None:
+        """Keep ``record`` and stream it to ``records.jsonl`` at once."""
+        self.records.append(record)
+        assert self._writer is not None, "records are written only while run() holds the file open"
+        self._writer.write(record)
+
+    def _result(self, start: float) -> RunResult:
+        return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
+                         time.perf_counter() - start)
+
+
+class Runner(RunBase):
+    """Runs one operator-level config for one plugin on one device; writes ``<out>/<run_id>/records.jsonl``."""
+
+    def _setup(self) -> None:
         self.ceilings: Ceilings | None = None
         self._to_observe: list[tuple[Case, int, list[tuple[str, Variant]]]] = []
         self.tensorboard = None
-        if config.instrument.tensorboard:
+        if self.config.instrument.tensorboard:
             from microscope.instrument import RunLogger
 
             self.tensorboard = RunLogger(self.out_dir / "tensorboard")
@@ -146,9 +169,7 @@ class Runner:
             case_id=case.id, case=case.params, seed=seed, dimension=dimension, metric=metric, value=value,
             device=self.device, interpreted=self.interpreted, env=self.env, **kw,
         )
-        self.records.append(record)
-        assert self._writer is not None
-        self._writer.write(record)
+        self._write(record)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -173,8 +194,7 @@ class Runner:
         self._writer = None
         if self.tensorboard is not None:
             self.tensorboard.close()
-        return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
-                         time.perf_counter() - start)
+        return self._result(start)
 
     def _run_case(self, case: Case, variants: Sequence[tuple[str, Variant]]) -> None:
         dims = self.config.dimensions

@@ -7,8 +7,6 @@ which pytest shows when the test fails.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from microscope_kernels.fused_layernorm_gelu.ablation import FusedLayerNormGelu
@@ -19,13 +17,6 @@ from microscope.api import DTYPES, Role
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture
-def seed(request: pytest.FixtureRequest) -> int:
-    value = int.from_bytes(os.urandom(4), "little")
-    print(f"{request.node.name}: random seed {value}")
-    return value
 
 
 def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:

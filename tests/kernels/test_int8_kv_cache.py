@@ -8,8 +8,6 @@ against the plugin's declared budget). Each test prints its random seed, shown o
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from microscope_kernels.int8_kv_cache.ablation import INT8_ERROR_BUDGET, Int8KVCache
@@ -28,13 +26,6 @@ from microscope.api import DTYPES, Role
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture
-def seed(request: pytest.FixtureRequest) -> int:
-    value = int.from_bytes(os.urandom(4), "little")
-    print(f"{request.node.name}: random seed {value}")
-    return value
 
 
 def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:

@@ -6,8 +6,6 @@ unit roundoffs). Each test prints its random seed, which pytest shows when the t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from microscope_kernels.safe_softmax.ablation import SafeSoftmax
@@ -19,13 +17,6 @@ from microscope.api import DTYPES, Role
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 NEG_INF = float("-inf")
-
-
-@pytest.fixture
-def seed(request: pytest.FixtureRequest) -> int:
-    value = int.from_bytes(os.urandom(4), "little")
-    print(f"{request.node.name}: random seed {value}")
-    return value
 
 
 def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:
