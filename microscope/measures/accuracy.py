@@ -17,6 +17,7 @@ import torch
 
 from microscope.api import Tolerance, Variant
 from microscope.measures.calls import as_tensors, fresh_inputs, output_names
+from microscope.stats.numerics import numerics_verdict
 
 
 @dataclass
@@ -97,13 +98,15 @@ def judge(err: TensorError, ref_err: TensorError | None, tol: Tolerance, dtype: 
     ref_rel = ref_err.rel_err if usable else 0.0
     ref_mismatch = ref_err.mismatch if usable else 0.0
     err.ref_rel_err = ref_err.rel_err if ref_err is not None else float("nan")
-    # where the baseline itself broke (e.g. overflowed), only the declared tolerance can judge
-    err.limit = tol.ref_factor * max(ref_rel, unit_roundoff(dtype)) if usable else math.inf
     allowed_mismatch = max(tol.max_mismatch, tol.ref_factor * ref_mismatch)
     if err.nonfinite:
         reasons.append(f"{err.nonfinite} NaN/Inf elements")
-    if not err.rel_err <= err.limit:
-        reasons.append(f"rel_err {err.rel_err:.3g} > {tol.ref_factor:g} x baseline's {ref_rel:.3g}")
+    if usable:  # the noise-calibrated rule, as the statistics engine defines it
+        verdict = numerics_verdict(err.rel_err, ref_rel, k=tol.ref_factor, floor=unit_roundoff(dtype))
+        err.limit = verdict.limit
+        reasons.extend(verdict.reasons)
+    else:  # the baseline itself broke (e.g. overflowed): only the declared tolerance can judge
+        err.limit = math.inf
     if err.mismatch > allowed_mismatch:
         reasons.append(
             f"{err.mismatch:.2%} of elements outside atol={tol.atol:g} + rtol={tol.rtol:g}*|ref| "
