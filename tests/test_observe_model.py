@@ -41,3 +41,19 @@ def test_planted_change_is_localized_to_its_layer(tmp_path):
     assert any(r["module"].startswith("blocks.2") and r["diverged"] for r in rows[first:])
     gradients = json.loads((tmp_path / "divergence.json").read_text())["perturbed (gradients)"]
     assert gradients["first_divergent"] is not None
+
+
+def test_flash_attn_model_graph_diff_names_the_kernel(tmp_path):
+    """flash_attn at model level: eager attention's ops leave the graph, the Triton kernel's Function enters."""
+    from microscope import registry
+    from microscope.model_runner import plan_arms
+
+    cfg = cfgmod.loads(WORKLOAD.replace("plugin: unused", "plugin: flash_attn")
+                       .replace("hooks: true, ", ""), "observe.yaml")
+    arms = plan_arms(registry.get("flash_attn"), cfg)
+    data = WorkloadData.load(cfg.workload)
+    assert observe_models(arms, cfg.workload, data, TrialSeeds.of(0, 0), "cpu", cfg.instrument, tmp_path) == []
+    diff = json.loads((tmp_path / "graph_diff.json").read_text())["triton"]
+    removed, added = json.dumps(diff["removed"]), json.dumps(diff["added"])
+    assert "aten::_softmax" in removed and "aten::bmm" in removed
+    assert "FlashAttentionFn" in added
