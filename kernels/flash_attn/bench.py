@@ -12,7 +12,7 @@ One process measures every variant side by side, in this order:
    finds them in Triton's on-disk cache instead of compiling a few hundred kernels one after another;
 3. correctness of every variant against float64 eager attention on small slices (odd lengths, causal,
    Sq != Sk, gradients included), judged against the error of eager attention in the same dtype;
-4. ``triton.testing.do_bench`` medians for the anchor shapes (``/work/shared/ANCHORS.md``), forward and
+4. ``triton.testing.do_bench`` medians for the anchor shapes (``../shared/ANCHORS.md``), forward and
    forward+backward, as TFLOP/s: 4*B*H*Sq*Sk*D per forward, halved when causal, 3.5x for forward+backward;
 5. the configuration the autotuner chose per shape, then a compact table (printed last).
 """
