@@ -24,7 +24,7 @@ from microscope import env as envmod
 from microscope.api import Ablation, Case, Role, Variant, dtype_name, grid
 from microscope.config import RunConfig
 from microscope.measures import accuracy, memory, throughput
-from microscope.measures.calls import cotangents, fresh_inputs, make_call
+from microscope.measures.calls import as_tensors, cotangents, fresh_inputs, make_call, output_names
 from microscope.measures.ceilings import Ceilings
 from microscope.seeding import derive_seed, generator, seed_everything
 from microscope.store.records import Record, RecordWriter
@@ -250,7 +250,7 @@ class Runner(RunBase):
     def _cotangents(self, case: Case, seed: int, inputs: dict[str, Any], grad_names: Sequence[str]):
         """Ground truth in float64, and the seeded output gradients every variant receives."""
         x64 = fresh_inputs(inputs, grad_names, torch.float64)
-        outs = accuracy.as_tensors(self.plugin.reference(x64))
+        outs = as_tensors(self.plugin.reference(x64))
         cots = cotangents(outs, generator(derive_seed(seed, "cotangent"))) if grad_names else None
         return x64, outs, cots
 
@@ -262,7 +262,7 @@ class Runner(RunBase):
         broken: dict[str, str] = {}
         try:
             x64, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
-            truth = {name: o.detach() for name, o in zip(accuracy.output_names(outs64), outs64)}
+            truth = {name: o.detach() for name, o in zip(output_names(outs64), outs64)}
             if cots is not None:
                 grads = torch.autograd.grad(outs64, [x64[n] for n in grad_names],
                                             [c.to(o) for c, o in zip(cots, outs64)])
