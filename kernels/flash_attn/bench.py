@@ -34,12 +34,13 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from microscope.api import DTYPES
+
 from . import kernel
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
 from .peers import PEERS
 from .reference import eager_attention
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: Relative-error floor per dtype (half an ulp at 1.0): a variant passes with error <= 4x eager's + floor.
 FLOOR = {torch.float32: 6e-8, torch.float16: 5e-4, torch.bfloat16: 4e-3}
 REF_FACTOR = 4.0

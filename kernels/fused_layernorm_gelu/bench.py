@@ -16,6 +16,8 @@ from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
 
+from microscope.api import DTYPES
+
 #: The targets: (rows, cols) in bf16.
 SHAPES = ((16384, 4096), (65536, 8192))
 EPS = 1e-5
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--approximate", default="tanh", choices=["tanh", "none"])
     args = parser.parse_args(argv)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = DTYPES[args.dtype]
     gpu_header(f"fused_layernorm_gelu bench, {args.dtype}, approximate={args.approximate}")
     _correctness(dtype)
     copy_gbps = copy_bandwidth_gbps(max(m * n for m, n in SHAPES) * dtype.itemsize)

@@ -24,6 +24,8 @@ from microscope_kernels.int8_kv_cache.kernel import (
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
 from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
 
+from microscope.api import DTYPES
+
 #: The targets: (batch, heads, tokens, head_dim).
 SHAPES = ((16, 32, 8192, 128), (64, 8, 32768, 128))
 
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     args = parser.parse_args(argv)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]  # choices limit it to bf16/fp16
     gpu_header(f"int8_kv_cache decode bench, {args.dtype} cache vs int8 cache")
     _correctness(dtype)
     copy_gbps = copy_bandwidth_gbps(1 << 30)

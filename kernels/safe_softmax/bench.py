@@ -23,6 +23,8 @@ import triton.testing
 from microscope_kernels.safe_softmax.kernel import safe_softmax
 from microscope_kernels.safe_softmax.reference import naive_softmax, safe_softmax_reference
 
+from microscope.api import DTYPES
+
 #: (rows, cols) of the targets: bf16 rows of 4K..32K columns, 64M elements (128 MB) each.
 SHAPES = ((16384, 4096), (8192, 8192), (4096, 16384), (2048, 32768))
 
@@ -133,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     args = parser.parse_args(argv)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = DTYPES[args.dtype]
     gpu_header(f"safe_softmax bench, {args.dtype}")
     _correctness(dtype)
     copy_gbps = copy_bandwidth_gbps(max(m * n for m, n in SHAPES) * dtype.itemsize)
