@@ -136,13 +136,8 @@ def compare(args: argparse.Namespace, console: Console) -> int:
 
 
 def _print_comparison(result, config, console: Console) -> None:  # noqa: ANN001
-    """The statistics engine's verdict table, saved next to the records (when the engine is present)."""
-    try:
-        from microscope import stats
-    except ImportError:
-        return
-    if not hasattr(stats, "compare_records"):
-        return
+    """The statistics engine's verdict table, printed and saved next to the records."""
+    from microscope import stats
     from microscope.store.records import records_frame
 
     table = stats.compare_records(records_frame(result.out_dir), alpha=config.stats.alpha,
