@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The GPU evidence, batched into one device call per part (device time is scarce):
-#   bash .ci/gpu_session.sh operator   # flash_attn run, kernel benches, planted-effect study
-#   bash .ci/gpu_session.sh model      # model-level runs on the gpu workload profile, GPU tests
-#   bash .ci/gpu_session.sh all        # operator, then model (no GPU tests), in one call
+# The GPU evidence, batched into few device calls (device time is scarce). Name the parts to run:
+#   bash .ci/gpu_session.sh flash benches planted   # operator level: flash_attn run, kernel benches, planted study
+#   bash .ci/gpu_session.sh model                   # gpu profile of grad_checkpoint and mixed_precision
+#   bash .ci/gpu_session.sh catalogue               # catalogue plugins through microscope (operator + model level)
+#   bash .ci/gpu_session.sh tests                   # the GPU-marked tests
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
+# Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
+# run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120).
 set -u
-part=${1:-operator}
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-log="$OUT/session-$part.log"
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(flash benches planted)
+log="$OUT/session.log"
 
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
@@ -19,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...
   local start=$SECONDS
   timeout "$limit" "$@" >>"$log" 2>&1
   echo "=== $name: exit $? after $((SECONDS - start)) s" | tee -a "$log"
-  tar czf "$OUT/results-$part.tgz" results reports 2>/dev/null  # after every step: a cut call keeps it
+  tar czf "$OUT/results.tgz" results reports 2>/dev/null  # after every step: a cut call keeps it
 }
 
 {
@@ -29,24 +33,41 @@ step() {  # step NAME SECONDS COMMAND...
 } >>"$log" 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1
 
-operator() {
+flash() {
   step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress \
     --set instrument.profile.enabled=true instrument.graph_diff=true instrument.tensorboard=true
+}
+benches() {
   for room in fused_layernorm_gelu safe_softmax int8_kv_cache; do
-    step "bench-$room" 30 python3 -m "microscope_kernels.$room.bench"
+    step "bench-$room" "${BENCH_LIMIT:-120}" python3 -m "microscope_kernels.$room.bench"
   done
-  step planted 40 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+}
+planted() {
+  step planted 150 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+}
+model_run() {  # model_run CONFIG
+  step "model-$1" "${MODEL_LIMIT:-600}" microscope run "ablations/$1.yaml" --device cuda --no-progress \
+    ${MODEL_SET:+--set $MODEL_SET}
 }
 model() {
-  # MODEL_SET trims the configs' gpu profile when device time is short, e.g. "workload.seeds=2"
-  for name in grad_checkpoint mixed_precision; do
-    [ -f "ablations/$name.yaml" ] && step "model-$name" "${MODEL_LIMIT:-600}" \
-      microscope run "ablations/$name.yaml" --device cuda --no-progress ${MODEL_SET:+--set $MODEL_SET}
-  done
+  model_run grad_checkpoint
+  model_run mixed_precision
 }
-case "$part" in
-  operator) operator ;;
-  model) model; step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider ;;
-  all) operator; model ;;
-esac
+catalogue() {
+  for name in fused_layernorm_gelu safe_softmax int8_kv_cache; do
+    step "run-$name" 120 microscope run "ablations/$name.yaml" --device cuda --no-progress
+  done
+  model_run int8_kv_cache_model
+  model_run fused_layernorm_gelu_model
+}
+tests() {
+  step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider
+}
+
+for part in "${parts[@]}"; do
+  case "$part" in
+    flash | benches | planted | model | catalogue | tests) "$part" ;;
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests)" | tee -a "$log" ;;
+  esac
+done
 grep -E "^=== " "$log"
