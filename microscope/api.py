@@ -220,6 +220,11 @@ class Arm:
     0.95)}``, ``{"checkpoint_every": 1}``) and ``patch`` (called with the freshly built model before
     training, to swap a module or a swap point such as ``model.set_attention(fn)``).
     ``needs``/``supports`` work as for ``Variant``; ``supports(case, device)`` may refuse a case.
+
+    ``inference_only=True`` marks a change that only acts at inference (a KV cache, a decode kernel):
+    the arm does not train but loads the baseline's trained weights of the same seed after its patch,
+    so every difference it shows is the change's own, and no time goes on identical training runs.
+    Its training records are marked skipped with that reason.
     """
 
     role: Role = Role.CANDIDATE
@@ -229,6 +234,7 @@ class Arm:
     recipe: Mapping[str, Any] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
     supports: Callable[[Case, str], str | None] | None = None
+    inference_only: bool = False
 
 
 def randn(
@@ -354,6 +360,9 @@ def register(name: str) -> Callable[[type[Ablation]], type[Ablation]]:
             cls.baseline_variant(cls)  # type: ignore[arg-type]  # validates exactly one baseline
         if cls.arms and sum(a.role is Role.BASELINE for a in cls.arms.values()) != 1:
             raise TypeError(f"plugin {name!r} must declare exactly one baseline arm")
+        if any(a.inference_only and a.role is Role.BASELINE for a in cls.arms.values()):
+            raise TypeError(f"plugin {name!r}: the baseline arm trains the weights that inference_only arms "
+                            "reuse, so it cannot be inference_only itself")
         _REGISTERED[name] = (cls, origin)
         return cls
 

@@ -96,6 +96,7 @@ class WorkloadConfig:
     steps: int | None = None  # training steps (default: the profile's)
     batch_size: int | None = None
     eval_tokens: int | None = None  # predicted tokens per evaluation split (default: the profile's)
+    eval_batch_size: int | None = None  # rows per evaluation batch and of the inference prompt (default: profile's)
     decode_tokens: int = 16  # greedy decode steps timed through the KV cache
     margin: float = 0.0  # non-inferiority margin of the validation loss, in nats
     model: Mapping[str, Any] = field(default_factory=dict)
@@ -282,7 +283,7 @@ def _check_value(value: Any, tp: Any, dotted: str, at: str, problems: list[str])
 
 _NON_NEGATIVE = {"warmup", "seed"}
 _POSITIVE = {"rounds", "reps", "repeats", "timeout_s", "alpha", "min_band", "seeds", "steps", "batch_size",
-             "eval_tokens"}
+             "eval_tokens", "eval_batch_size", "decode_tokens"}
 
 
 def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int], problems: list[str]) -> Any:

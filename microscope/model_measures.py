@@ -37,9 +37,11 @@ from microscope.workloads import (
     TrainResult,
     Transformer,
     decode_throughput,
+    generate_greedy,
     peak_memory_inference,
     peak_memory_train_step,
     prefill_throughput,
+    score_through_cache,
 )
 from microscope.workloads.memory import PeakReading
 
@@ -85,6 +87,8 @@ def stage_metrics(task: str, fp16: bool) -> dict[str, list[tuple[str, str]]]:
         "check": [("accuracy", "future_leak")],
         "train": [("stability", m) for m in stability] + [("throughput", "train_tokens_per_s")],
         "evaluate": [("accuracy", m) for m in accuracy] + [("generalization", m) for m in general],
+        "generation": [("accuracy", "decode_loss"), ("accuracy", "decode_ppl"), ("accuracy", "greedy_agreement"),
+                       ("memory", "kv_cache_bytes")],
         "inference": [("throughput", "prefill_tokens_per_s"), ("throughput", "decode_tokens_per_s")],
         "memory": [("memory", "train_step_peak_bytes"), ("memory", "inference_peak_bytes")],
     }
@@ -259,6 +263,50 @@ def recall_evaluation(model: Transformer, task: AssociativeRecall, context: int,
         out.append(_m(dim, f"recall_acc{suffix}", float(correct.mean()), "fraction", _HIGHER,
                       per_example=correct.tolist(), **info))
     return out
+
+
+# -- generation through the KV cache ----------------------------------------------------------------
+
+
+def generation(model: Transformer, prompt: torch.Tensor, new_tokens: int, baseline_tokens: torch.Tensor | None,
+               margin: float, is_baseline: bool = False) -> tuple[list[Measurement], torch.Tensor]:
+    """What the decode path does to the text: the only place a KV-cache change shows in accuracy.
+
+    ``prompt`` (B, S): the second half is scored teacher-forced through the cache after a prefill of
+    the first half (``decode_loss``, paired per token, and its perplexity); from the first half,
+    ``new_tokens`` greedy tokens are generated and compared position by position with the baseline's
+    greedy tokens of the same seed (``greedy_agreement``; the baseline agrees with itself). Returns the
+    measurements and this arm's greedy tokens (``is_baseline``: they are the reference).
+    """
+    half = max(1, prompt.shape[1] // 2)
+    scored = score_through_cache(model, prompt, half)
+    cache = scored.cache
+    where = {"prompt_shape": list(prompt.shape), "prefill_len": half, "n_tokens": int(scored.token_losses.size)}
+    greedy = generate_greedy(model, prompt[:, :half], new_tokens).cpu()
+    if is_baseline:
+        baseline_tokens = greedy
+    if baseline_tokens is None:
+        agreement = Measurement("accuracy", "greedy_agreement", None,
+                                reason="no greedy tokens from this seed's baseline to compare with (it failed)")
+    else:
+        same = (greedy == baseline_tokens).numpy()
+        diverged = [int(np.flatnonzero(~row)[0]) if (~row).any() else None for row in same]
+        agreement = _m("accuracy", "greedy_agreement", float(same.mean()), "fraction", _HIGHER,
+                       per_token=same.astype(np.float32).ravel().tolist(), first_divergence=diverged,
+                       new_tokens=new_tokens, prompt_shape=[prompt.shape[0], half],
+                       definition="fraction of greedy tokens equal to the baseline's at the same position "
+                                  "(after a first divergence the two continue from different text)")
+    out = [
+        _m("accuracy", "decode_loss", scored.loss, "nats", _LOWER, per_token=scored.token_losses.tolist(),
+           margin=margin, **where,
+           definition="cross-entropy of the prompt's second half, fed one cached decode step at a time"),
+        _m("accuracy", "decode_ppl", math.exp(scored.loss), "", _LOWER, definition="exp(decode_loss)", **where),
+        agreement,
+        _m("memory", "kv_cache_bytes", cache.nbytes(), "bytes", _LOWER, cache=type(cache).__name__,
+           cached_tokens=cache.seq_len, rows=prompt.shape[0],
+           definition="bytes the KV cache holds after caching the whole prompt (data, scales and spare capacity)"),
+    ]
+    return out, greedy
 
 
 # -- inference speed and memory ---------------------------------------------------------------------

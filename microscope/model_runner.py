@@ -129,7 +129,7 @@ class ModelRunner(RunBase):
             for k in range(workload.seeds):
                 seeds = TrialSeeds.of(self.config.seed, k)
                 plan = self.plan(first_seed=k == 0)
-                baseline = BaselineRef()
+                baseline = BaselineRef(keep_weights=any(arm.inference_only for _, arm in active))
                 for name, arm in active:
                     self.on_progress(f"seed {k + 1}/{workload.seeds}: {name}")
                     notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []

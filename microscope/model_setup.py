@@ -80,7 +80,8 @@ def trial_setup(workload: WorkloadConfig, arm: Arm, seeds: TrialSeeds) -> TrialS
              if value is not None}
     recipe = dataclasses.replace(profile.recipe, **{**sizes, **workload.recipe, **arm.recipe, "seed": seeds.loop})
     eval_tokens = workload.eval_tokens if workload.eval_tokens is not None else profile.eval_tokens
-    return TrialSetup(profile, model, recipe, eval_tokens, profile.eval_batch_size)
+    rows = workload.eval_batch_size if workload.eval_batch_size is not None else profile.eval_batch_size
+    return TrialSetup(profile, model, recipe, eval_tokens, rows)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """One arm trained and evaluated for one seed, stage by stage, with every stage's failure isolated.
 
 Stages, in order: ``check`` (build the model from the seed's init, checksum the weights, apply the arm's
-patch, probe for future-token leaks), ``train``, ``evaluate`` (accuracy and generalization),
-``inference`` (prefill/decode speed) and ``memory``. A stage that raises records each metric it owed as
-failed with the reason; after a failed ``check`` or ``train``, or a training run whose loss went
-non-finite, later stages record "not measured" with that reason instead of running on a broken model.
+patch, probe for future-token leaks), ``train`` (or, for an ``inference_only`` arm, load the baseline's
+trained weights), ``evaluate`` (accuracy and generalization), ``generation`` (accuracy and cache bytes of
+the KV-cache decode path), ``inference`` (prefill/decode speed) and ``memory``. A stage that raises
+records each metric it owed as failed with the reason; after a failed ``check`` or ``train``, or a
+training run whose loss went non-finite, later stages record "not measured" with that reason instead of
+running on a broken model.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from microscope.model_measures import (
     LEAK_TOLERANCE,
     Measurement,
     first_nonfinite,
+    generation,
     inference_speed,
     lm_evaluation,
     memory,
@@ -53,11 +56,17 @@ Emit = Callable[[Measurement, "str | None"], None]
 
 @dataclass
 class BaselineRef:
-    """What the candidates of one seed need from that seed's baseline run."""
+    """What the candidates of one seed need from that seed's baseline run.
+
+    ``keep_weights``: store the baseline's trained weights (``trained``) for ``inference_only`` arms.
+    """
 
     final_loss: float | None = None
     checksum: str | None = None
     model: ModelConfig | None = None
+    greedy_tokens: torch.Tensor | None = None
+    keep_weights: bool = False
+    trained: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -86,7 +95,8 @@ class Trial:
     def run(self) -> None:
         try:
             for stage, fn in (("check", self._check), ("train", self._train), ("evaluate", self._evaluate),
-                              ("inference", self._inference), ("memory", self._memory)):
+                              ("generation", self._generation), ("inference", self._inference),
+                              ("memory", self._memory)):
                 if stage in self.plan:
                     self._stage(stage, fn)
         finally:
@@ -152,12 +162,16 @@ class Trial:
 
     def _train(self) -> list[Measurement]:
         assert self.setup is not None and self.model is not None
+        if self.arm.inference_only:
+            return self._take_baseline_weights()
         recipe = self.setup.recipe
         self.result = result = train(self.model, self._batches(), recipe, self.device)
         diverged = first_nonfinite(result.loss)
         own = None if diverged is not None else float(smoothed_loss(result.loss)[-1])
         if self.is_baseline:
             self.baseline.final_loss = own
+            if self.baseline.keep_weights and diverged is None:
+                self.baseline.trained = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         amp_row = ("stability", "loss_scale_changes") in self.plan["train"]
         measured = stability(result, self.baseline.final_loss, recipe.warmup, amp_row)
         measured[0].details.update(model_config=self.setup.model.to_dict(), recipe=dataclasses.asdict(recipe),
@@ -166,6 +180,18 @@ class Trial:
         if diverged is not None:
             self.dead = f"not measured: training diverged (the loss is non-finite from step {diverged})"
         return measured
+
+    def _take_baseline_weights(self) -> list[Measurement]:
+        """An inference-only arm: the baseline's trained weights of this seed, loaded after the patch."""
+        assert self.model is not None
+        if self.baseline.trained is None:
+            raise RuntimeError("inference-only arm: this seed's baseline left no trained weights "
+                               "(its training failed or diverged)")
+        self.model.load_state_dict(self.baseline.trained)
+        why = "inference-only arm: it does not train; it reuses the baseline's trained weights of this seed"
+        for dimension, metric in self.plan["train"]:
+            self.emit(Measurement(dimension, metric, None, reason=why, details=dict(self.common)), "skipped")
+        return []
 
     def _evaluate(self) -> list[Measurement]:
         assert self.setup is not None and self.model is not None
@@ -188,6 +214,15 @@ class Trial:
             return self.data.recall.sample(rows, context, gen).x.to(self.device)
         assert self.data.corpus is not None
         return eval_windows(self.data.corpus.val, context)[0][:rows].to(self.device)
+
+    def _generation(self) -> list[Measurement]:
+        assert self.setup is not None and self.model is not None
+        with autocast(self.device, self.setup.recipe.precision):
+            measured, greedy = generation(self.model, self._prompt(), self.workload.decode_tokens,
+                                          self.baseline.greedy_tokens, self.workload.margin, self.is_baseline)
+        if self.is_baseline:
+            self.baseline.greedy_tokens = greedy
+        return measured
 
     def _inference(self) -> list[Measurement]:
         assert self.setup is not None and self.model is not None

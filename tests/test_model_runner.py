@@ -188,9 +188,9 @@ def test_recall_task_scores_fresh_sequences_at_1x_2x_and_4x_context(tmp_path):
     assert not result.failed
     base = {r.metric: r for r in _by(result, variant="base") if r.dimension in ("accuracy", "generalization")}
     assert set(base) == {"future_leak", "recall_loss", "recall_acc", "recall_loss_2x", "recall_loss_4x",
-                         "recall_acc_2x", "recall_acc_4x"}
+                         "recall_acc_2x", "recall_acc_4x", "decode_loss", "decode_ppl", "greedy_agreement"}
     assert [base[m].details["seq_len"] for m in ("recall_acc", "recall_acc_2x", "recall_acc_4x")] == [32, 64, 128]
-    assert all(len(base[m].details["per_example"]) == 256 for m in base if m != "future_leak")
+    assert all(len(base[m].details["per_example"]) == 256 for m in base if m.startswith("recall"))
     assert result.records[0].env["corpus"]["kind"] == "associative_recall"
     table = compare_records(records_frame(result.out_dir))
     row = table[(table.metric == "recall_loss") & (table.candidate == "lower_lr")].iloc[0]
@@ -222,3 +222,74 @@ def test_cli_run_picks_the_model_runner_for_a_model_level_config(tmp_path, capsy
     assert peaks["every_1"] < peaks["none"]  # checkpointing every block stores fewer activations
     curves = {r["variant"]: r["details"]["curve"] for r in records if r["metric"] == "final_loss"}
     assert curves["every_1"] == curves["none"]  # recomputation is exact
+
+
+def _half_scale_cache(model) -> None:
+    """An inference-only change with a visible effect: decode steps attend with half the softmax scale."""
+    from microscope.workloads import KVCache
+
+    class HalfScale(KVCache):
+        def attend(self, layer, q, k, v, attn_fn):
+            k_all, v_all = self.append(layer, k, v)
+            if k_all.shape[-2] == q.shape[-2]:
+                return attn_fn(q, k_all, v_all, True)
+            return eager_attention(q, k_all, v_all, False, scale=0.5 / q.shape[-1] ** 0.5)
+
+    model.cache_cls = HalfScale
+
+
+@register("toy_inference_arms")
+class ToyInferenceArms(Ablation):
+    """Test plugin: inference-only arms reuse the baseline's trained weights."""
+
+    arms = {
+        "base": Arm(Role.BASELINE, "the workload as is"),
+        "half_scale": Arm(description="decode with half the softmax scale", patch=_half_scale_cache,
+                          inference_only=True),
+        "same_cache": Arm(description="no change at all", inference_only=True),
+    }
+
+
+def test_inference_only_arms_reuse_the_baseline_weights_and_show_only_the_decode_change(tmp_path):
+    text = f"plugin: toy_inference_arms\nlevel: model\nseed: 1\n{WORKLOAD}"
+    cfg = cfgmod.loads(text.replace("decode_tokens: 2", "decode_tokens: 6"), "toy_inference.yaml")
+    plugin = ToyInferenceArms()
+    result = ModelRunner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="inf").run()
+    assert not result.failed
+    for arm in ("half_scale", "same_cache"):
+        trained = _by(result, variant=arm, metric="final_loss")
+        assert len(trained) == 2 and {r.status for r in trained} == {"skipped"}
+        assert "reuses the baseline's trained weights" in trained[0].reason
+    for seed in {r.seed for r in _by(result, variant="base", metric="val_loss")}:
+        base = _one(result, variant="base", seed=seed, metric="val_loss").details["per_token"]
+        for arm in ("half_scale", "same_cache"):  # the full forward never touches the cache: identical
+            assert _one(result, variant=arm, seed=seed, metric="val_loss").details["per_token"] == base
+        same = _one(result, variant="same_cache", seed=seed, metric="decode_loss")
+        assert same.details["per_token"] == _one(result, variant="base", seed=seed, metric="decode_loss").details[
+            "per_token"]
+        assert _one(result, variant="same_cache", seed=seed, metric="greedy_agreement").value == 1.0
+        changed = _one(result, variant="half_scale", seed=seed, metric="decode_loss")
+        assert changed.value != _one(result, variant="base", seed=seed, metric="decode_loss").value
+        assert len(changed.details["per_token"]) == changed.details["n_tokens"] == 8 * 16
+    table = compare_records(records_frame(result.out_dir))
+    row = table[(table.metric == "decode_loss") & (table.candidate == "same_cache")].iloc[0]
+    assert row.ratio_or_delta == 0 and "paired" in row.notes
+
+
+def test_inference_only_arm_fails_visibly_when_its_baseline_did_not_train(tmp_path):
+    @register("toy_inference_broken_base")
+    class BrokenBase(Ablation):
+        arms = {"base": Arm(Role.BASELINE, "diverges", patch=_nan_activation),
+                "reuse": Arm(description="needs the baseline's weights", inference_only=True)}
+
+    cfg = cfgmod.loads(f"plugin: toy_inference_broken_base\nlevel: model\n{WORKLOAD}", "broken.yaml")
+    result = ModelRunner(BrokenBase(), cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="b").run()
+    reused = _by(result, variant="reuse", metric="val_loss")
+    assert reused and all(r.status == "failed" and "left no trained weights" in r.reason for r in reused)
+
+
+def test_an_inference_only_baseline_is_refused_at_registration():
+    with pytest.raises(TypeError, match="cannot be inference_only"):
+        @register("toy_inference_only_baseline")
+        class Bad(Ablation):
+            arms = {"base": Arm(Role.BASELINE, inference_only=True), "other": Arm()}

@@ -11,7 +11,7 @@ through a byte-level tokenizer. Modules, one job each:
 ``attention``   the ``attn_fn`` swap point (eager default) and RoPE
 ``kv_cache``    the replaceable KV cache
 ``model``       ``ModelConfig``, ``Transformer``, ``build_model`` (swap points listed there)
-``generate``    greedy generation through the cache
+``generate``    greedy generation and teacher-forced scoring through the cache
 ``train``       ``TrainRecipe``, ``train`` -> ``TrainResult`` (per-step stability record)
 ``stability``   layer groups and the loss-spike rule
 ``evaluate``    loss / perplexity / accuracy / per-token losses; 1x, 2x, 4x context and out-of-domain
@@ -32,7 +32,7 @@ from microscope.workloads.batching import WindowSampler, eval_windows
 from microscope.workloads.checks import future_leak
 from microscope.workloads.corpus import Corpus, CorpusSpec, load_corpus
 from microscope.workloads.evaluate import EvalResult, evaluate, evaluate_suite
-from microscope.workloads.generate import generate_greedy
+from microscope.workloads.generate import CachedScore, generate_greedy, score_through_cache
 from microscope.workloads.kv_cache import KVCache
 from microscope.workloads.memory import (
     PeakProbe,
@@ -40,7 +40,16 @@ from microscope.workloads.memory import (
     peak_memory_inference,
     peak_memory_train_step,
 )
-from microscope.workloads.model import MLP, Attention, Block, ModelConfig, RMSNorm, Transformer, build_model
+from microscope.workloads.model import (
+    MLP,
+    Attention,
+    Block,
+    ModelConfig,
+    NormGelu,
+    RMSNorm,
+    Transformer,
+    build_model,
+)
 from microscope.workloads.profiles import PROFILES, Profile, get_profile
 from microscope.workloads.stability import layer_groups, loss_spikes
 from microscope.workloads.synthetic import AssociativeRecall, RecallBatch, recall_accuracy
@@ -60,12 +69,14 @@ __all__ = [
     "AttnFn",
     "Block",
     "ByteTokenizer",
+    "CachedScore",
     "Corpus",
     "CorpusSpec",
     "EagerAttention",
     "EvalResult",
     "KVCache",
     "ModelConfig",
+    "NormGelu",
     "PeakProbe",
     "Profile",
     "RMSNorm",
@@ -98,5 +109,6 @@ __all__ = [
     "peak_memory_train_step",
     "prefill_throughput",
     "recall_accuracy",
+    "score_through_cache",
     "train",
 ]

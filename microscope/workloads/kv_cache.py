@@ -2,11 +2,15 @@
 
 It is an explicit small class so a plugin can replace it (``model.cache_cls = Int8KVCache``) and
 measure what that does to decode speed, memory (``nbytes``) and accuracy. A replacement keeps the
-same four members: ``append``, ``get``, ``seq_len`` and ``nbytes``; ``append`` and ``get`` return K
-and V in the model's compute dtype, however they are stored.
+same members: ``append``, ``get``, ``attend``, ``seq_len`` and ``nbytes``; ``append`` and ``get``
+return K and V in the model's compute dtype, however they are stored. ``attend`` is what the
+attention module calls: a cache that stores K and V in another form (int8, paged...) overrides it to
+run its own kernel on what it stores instead of handing dequantized copies to ``attn_fn``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -50,6 +54,15 @@ class KVCache:
         buf_v[..., old:new, :] = v
         self._len[layer] = new
         return buf_k[..., :new, :], buf_v[..., :new, :]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_fn: Any) -> torch.Tensor:
+        """Cache the new ``k``, ``v`` of ``layer`` and return ``q``'s attention over everything cached.
+
+        q, k, v: (B, H, S_new, D); ``attn_fn`` is the block's attention (``workloads.attention``
+        contract): causal for a prefill (queries as long as the keys), not for a one-token decode step.
+        """
+        k_all, v_all = self.append(layer, k, v)
+        return attn_fn(q, k_all, v_all, k_all.shape[-2] == q.shape[-2])
 
     def get(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """All cached K and V of ``layer`` (B, H, seq_len, D)."""

@@ -12,7 +12,9 @@ Swap points, so an ablation plugin changes exactly one thing (``patch(model, var
 ``block.attn_norm``,        ordinary ``nn.Module`` norms (``RMSNorm`` or ``nn.LayerNorm``); replace with
 ``block.mlp_norm``,         any module mapping (..., d_model) -> (..., d_model).
 ``model.norm``
-``block.mlp.act``           the MLP activation, a plain callable (GELU, or SiLU inside SwiGLU).
+``block.mlp.act``           the MLP activation, a plain callable (GELU, or SiLU inside SwiGLU); with
+                            ``mlp_norm=True`` a ``NormGelu`` module (LayerNorm over the hidden units,
+                            then GELU) whose ``weight``/``bias`` a replacement must reuse.
 ``block.checkpoint``        bool: recompute this block in backward (torch.utils.checkpoint,
                             use_reentrant=False); ``model.set_checkpointing(every=k)`` sets every k-th.
 ``model.rotary``            the RoPE table module (``RotaryEmbedding``); replace for RoPE scaling.
@@ -39,7 +41,7 @@ from microscope.workloads.attention import AttnFn, EagerAttention, RotaryEmbeddi
 from microscope.workloads.kv_cache import KVCache
 from microscope.workloads.tokenizer import VOCAB_SIZE
 
-__all__ = ["MLP", "Attention", "Block", "ModelConfig", "RMSNorm", "Transformer", "build_model"]
+__all__ = ["MLP", "Attention", "Block", "ModelConfig", "NormGelu", "RMSNorm", "Transformer", "build_model"]
 
 _NORMS = ("rmsnorm", "layernorm")
 _MLPS = ("gelu", "swiglu")
@@ -52,7 +54,10 @@ class ModelConfig:
     ``context`` is the training context; the model itself accepts longer inputs (RoPE has no table
     limit), which is how extrapolation to 2x/4x is measured. ``ffn_dim=None`` picks 4*d for GELU and
     8/3*d (rounded up to a multiple of 32) for SwiGLU, so both flavours have about the same
-    parameter count and an MLP ablation compares like with like.
+    parameter count and an MLP ablation compares like with like. ``mlp_norm`` (GELU MLP only) adds a
+    LayerNorm over the hidden units before the activation (up -> LayerNorm -> GELU -> down), the
+    normalised-FFN layout that puts a LayerNorm directly in front of a GELU, which is what a fused
+    LayerNorm+GELU kernel replaces.
     """
 
     vocab_size: int = VOCAB_SIZE
@@ -63,6 +68,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     mlp: str = "swiglu"
     ffn_dim: int | None = None
+    mlp_norm: bool = False
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     dropout: float = 0.0
@@ -77,6 +83,8 @@ class ModelConfig:
             raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
         if self.mlp not in _MLPS:
             raise ValueError(f"mlp must be one of {_MLPS}, got {self.mlp!r}")
+        if self.mlp_norm and self.mlp != "gelu":
+            raise ValueError(f"mlp_norm (a LayerNorm before the GELU) needs mlp='gelu', got {self.mlp!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
 
@@ -136,11 +144,29 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)
-        # Same length: training/prefill (causal). Longer keys: a one-token decode step (sees all).
-        o = self.attn_fn(q, k, v, k.shape[-2] == s)
+        # Without a cache: training/evaluation (causal). With one, the cache stores k and v and runs the
+        # attention over all it holds (causal for a prefill, not for a one-token decode step).
+        o = self.attn_fn(q, k, v, True) if cache is None else cache.attend(self.layer_idx, q, k, v, self.attn_fn)
         return self.proj(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class NormGelu(nn.Module):
+    """``gelu(layer_norm(h))`` over the MLP's hidden units: the eager pair a fused kernel replaces.
+
+    It owns the norm's ``weight`` and ``bias`` so a replacement module can take over the very same
+    parameters (same names, same optimizer state) and change only how the pair is computed.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, approximate: str = "none") -> None:
+        super().__init__()
+        self.eps = eps
+        self.approximate = approximate
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(h, self.weight.shape, self.weight, self.bias, self.eps)
+        return F.gelu(normed, approximate=self.approximate)
 
 
 class MLP(nn.Module):
@@ -154,6 +180,8 @@ class MLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, hidden, bias=False) if cfg.mlp == "swiglu" else None
         self.down = nn.Linear(hidden, cfg.d_model, bias=False)
         self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu if cfg.mlp == "swiglu" else F.gelu
+        if cfg.mlp_norm:
+            self.act = NormGelu(hidden, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
