@@ -1,4 +1,8 @@
-"""Plugin: LayerNorm + GeLU fused into one Triton kernel vs the two eager ops (and torch.compile)."""
+"""Plugin: LayerNorm + GeLU fused into one Triton kernel vs the two eager ops (and torch.compile).
+
+Operator level: the pair on seeded tensors. Model level: the embedded model built with a LayerNorm over
+the MLP's hidden units before its GELU (``ModelConfig.mlp_norm``), the eager pair vs the fused kernel.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import torch
 from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.workloads import NormGelu
 
 EPS = 1e-5
 
@@ -41,6 +46,29 @@ def _compile_needs_cuda(case: Case, device: str) -> str | None:
     return None
 
 
+class FusedNormGelu(torch.nn.Module):
+    """The model's ``NormGelu`` computed by the fused kernel, taking over the very same weight and bias
+    (same parameter names, so initial weights, checksums and optimizer state are the eager arm's)."""
+
+    def __init__(self, eager_pair: NormGelu) -> None:
+        super().__init__()
+        self.weight, self.bias = eager_pair.weight, eager_pair.bias
+        self.eps, self.approximate = eager_pair.eps, eager_pair.approximate
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return layernorm_gelu(h, self.weight, self.bias, self.eps, self.approximate)
+
+
+def use_fused_norm_gelu(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+    """Model level: every block's LayerNorm -> GELU pair (``block.mlp.act``) runs as one Triton kernel."""
+    pairs = [block.mlp for block in model.blocks if isinstance(block.mlp.act, NormGelu)]
+    if not pairs:
+        raise ValueError("the model has no LayerNorm -> GELU pair to fuse: set workload.model "
+                         "{mlp: gelu, mlp_norm: true} in the config (see ablations/fused_layernorm_gelu_model.yaml)")
+    for mlp in pairs:
+        mlp.act = FusedNormGelu(mlp.act)
+
+
 @register("fused_layernorm_gelu")
 class FusedLayerNormGelu(Ablation):
     """gelu(layer_norm(x)) in one Triton pass (forward and backward) vs eager and torch.compile.
@@ -53,6 +81,12 @@ class FusedLayerNormGelu(Ablation):
         "eager": baseline(eager),
         "triton": candidate(triton_fused, needs=("triton",)),
         "compile": peer(compiled, supports=_compile_needs_cuda),
+    }
+    #: Model level (needs ``workload.model: {mlp: gelu, mlp_norm: true}``): the MLP's eager pair vs the kernel.
+    arms = {
+        "eager": Arm(Role.BASELINE, "F.layer_norm then F.gelu on the MLP's hidden units"),
+        "triton": Arm(description="the same pair as one fused Triton kernel (forward and backward)",
+                      patch=use_fused_norm_gelu, needs=("triton",)),
     }
     # Odd sizes on purpose: neither is a multiple of a block, so every mask is exercised.
     cases = grid(rows=[37], cols=[301], approximate=["tanh", "none"], dtype=["fp32", "fp16", "bf16"])

@@ -1,4 +1,8 @@
-"""Plugin: decode attention over an int8 KV cache (fused Triton split-K) vs eager/SDPA on the bf16 cache."""
+"""Plugin: decode attention over an int8 KV cache (fused Triton split-K) vs eager/SDPA on the bf16 cache.
+
+Operator level: one decode step over a seeded cache. Model level: generation of the embedded model
+with ``model.cache_cls`` swapped for the int8 cache (``model_cache.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from microscope_kernels.int8_kv_cache.kernel import (
     int8_decode_attention,
     quantize_kv,
 )
+from microscope_kernels.int8_kv_cache.model_cache import Int8KVCache as ModelInt8Cache
+from microscope_kernels.int8_kv_cache.model_cache import UnfusedInt8KVCache
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
 
 #: The accuracy the int8 cache is allowed to cost: norm-relative error of the attention output vs
 #: the float64 truth on the unquantized cache. Symmetric int8 with per-token or per-channel scales
@@ -48,6 +54,16 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torc
     return sdpa_decode_attention(q, k, v)
 
 
+def use_int8_cache(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+    """Model level: generation stores K/V as int8 and decodes with the fused Triton kernel."""
+    model.cache_cls = ModelInt8Cache
+
+
+def use_unfused_int8_cache(model) -> None:  # noqa: ANN001
+    """Model level: the same int8 storage, dequantized each decode step for the model's own attention."""
+    model.cache_cls = UnfusedInt8KVCache
+
+
 @register("int8_kv_cache")
 class Int8KVCache(Ablation):
     """One decode step (one query token per batch and head) over an int8 vs a bf16/fp16 KV cache.
@@ -63,6 +79,15 @@ class Int8KVCache(Ablation):
         "triton_int8": candidate(triton_int8, needs=("triton",), differentiable=False),
         "triton_fp": candidate(triton_fp, needs=("triton",), differentiable=False),
         "sdpa": peer(sdpa, differentiable=False),
+    }
+    #: Model level: only generation changes, so the int8 arms reuse the baseline's trained weights.
+    arms = {
+        "model_cache": Arm(Role.BASELINE, "the embedded model's KV cache in its compute dtype "
+                                          "(bf16 under the gpu profile's autocast, fp32 on CPU)"),
+        "int8_fused": Arm(description="int8 K/V with per-token scales; decode reads them in the Triton kernel",
+                          patch=use_int8_cache, needs=("triton",), inference_only=True),
+        "int8_unfused": Arm(description="int8 K/V with per-token scales, dequantized for eager attention each step",
+                            patch=use_unfused_int8_cache, inference_only=True),
     }
     # 97 tokens: several splits under the interpreter and a partial last token block.
     cases = grid(batch=[1], heads=[2], tokens=[97], head_dim=[32], granularity=["token", "channel"],

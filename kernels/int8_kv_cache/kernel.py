@@ -324,6 +324,14 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None) -> tuple[in
     return split_len, num_splits
 
 
+def _by_head(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (B, H, ...) laid out as the kernels index it: last dim contiguous and (b, h) at offset
+    ``(b * H + h) * stride(1)``. A cache buffer sliced to its filled length along T already is, so a
+    model's decode step reads its growing cache in place instead of copying it every token."""
+    flat_heads = t.shape[0] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
+    return t if t.stride(-1) == 1 and flat_heads else t.contiguous()
+
+
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     consistent = k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[2]
     if q.dim() != 3 or k.dim() != 4 or not consistent:
@@ -371,8 +379,8 @@ def int8_decode_attention(
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     b, h, t, d = k_q.shape
-    q, k_q, v_q = q.contiguous(), k_q.contiguous(), v_q.contiguous()
-    k_scale, v_scale = k_scale.float().contiguous(), v_scale.float().contiguous()
+    q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
+    k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
     split_len, num_splits = _split_plan(q, t, split_len)
     part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
@@ -396,7 +404,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale
     """The same split-K decode over an unquantized cache (any float dtype): the kernel-only ablation."""
     _check_shapes(q, k, v)
     b, h, t, d = k.shape
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _by_head(q), _by_head(k), _by_head(v)
     split_len, num_splits = _split_plan(q, t, split_len)
     part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)

@@ -26,6 +26,8 @@ CONFIGS = {
     "attn_scale_offset": "attn_scale_offset",
     "layernorm_eps": "layernorm_eps",
     "flash_attn_model": "flash_attn",
+    "int8_kv_cache_model": "int8_kv_cache",
+    "fused_layernorm_gelu_model": "fused_layernorm_gelu",
 }
 SMALL = ModelConfig(n_layers=2, d_model=64, n_heads=2, context=32)
 
