@@ -43,7 +43,10 @@ benches() {
   done
 }
 planted() {
-  step planted 150 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+  step planted 100 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+  # 5x longer kernel (~0.2 ms a call) and 3x the rounds: how much power more time buys
+  step planted-long 150 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda --rounds 60 \
+    --set "cases.iters=[100000]"
 }
 model_run() {  # model_run CONFIG
   step "model-$1" "${MODEL_LIMIT:-600}" microscope run "ablations/$1.yaml" --device cuda --no-progress \

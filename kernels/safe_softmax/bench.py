@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.testing
-from microscope_kernels.safe_softmax.kernel import safe_softmax
+from microscope_kernels.safe_softmax.kernel import safe_softmax, tuned_forward_configs
 from microscope_kernels.safe_softmax.reference import naive_softmax, safe_softmax_reference
 
 from microscope.api import DTYPES
@@ -158,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         torch.cuda.empty_cache()
     print_table(f"safe_softmax {args.dtype}: fwd bytes = read x + write y; bwd = read y, dy + write dx",
                 rows, copy_gbps, peers=["torch.softmax", "naive"])
+    for key, config in tuned_forward_configs().items():
+        print(f"   forward config for key {key}: {config}")
     return rows
 
 

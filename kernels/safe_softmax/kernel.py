@@ -16,6 +16,7 @@ write), which reads x twice but never overflows either.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -62,19 +63,34 @@ def _tile_mask(rows, cols, M, N, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _softmax_fwd_kernel(
-    X, Y, M, N, stride_x, stride_y,
+    X, Y, M, N, stride_x, stride_y, M_BUCKET,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, FAST: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """Walks row tiles with a stride of the grid size, loading the next tile before computing the
+    current one. With one program per tile (``PROGRAMS_PER_SM = 0``) the loop runs once; with a
+    persistent grid (``PROGRAMS_PER_SM`` programs per SM) the prefetch overlaps each tile's HBM
+    read with the previous tile's reductions and store. ``M_BUCKET`` only keys the autotuner."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = _tile_mask(rows, cols, M, N, EVEN_N)
-    x = tl.load(_tile_ptrs(X, rows, cols, stride_x), mask=mask, other=-float("inf")).to(tl.float32)
-    row_max = tl.max(x, axis=1)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)  # fully masked row: all weights 0
-    e = _exp2((x - row_max[:, None]) * _LOG2E, FAST)  # subtract first: exact near the max
-    # total >= 1 (the max contributes 2^0) unless the row is fully masked (total = 0, e = 0)
-    inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0)
-    tl.store(_tile_ptrs(Y, rows, cols, stride_y), (e * inv[:, None]).to(Y.dtype.element_ty), mask=mask)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_next = tl.load(_tile_ptrs(X, rows, cols, stride_x), mask=_tile_mask(rows, cols, M, N, EVEN_N),
+                     other=-float("inf"))
+    for block in range(pid, tl.cdiv(M, BLOCK_M), step):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        x = x_next.to(tl.float32)
+        if PROGRAMS_PER_SM > 0:
+            later = rows + step * BLOCK_M
+            x_next = tl.load(_tile_ptrs(X, later, cols, stride_x), mask=_tile_mask(later, cols, M, N, EVEN_N),
+                             other=-float("inf"))
+        row_max = tl.max(x, axis=1)
+        row_max = tl.where(row_max == -float("inf"), 0.0, row_max)  # fully masked row: all weights 0
+        e = _exp2((x - row_max[:, None]) * _LOG2E, FAST)  # subtract first: exact near the max
+        # total >= 1 (the max contributes 2^0) unless the row is fully masked (total = 0, e = 0)
+        inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0)
+        tl.store(_tile_ptrs(Y, rows, cols, stride_y), (e * inv[:, None]).to(Y.dtype.element_ty),
+                 mask=_tile_mask(rows, cols, M, N, EVEN_N))
 
 
 @triton.jit
@@ -144,8 +160,11 @@ def _softmax_bwd_chunked_kernel(
 
 
 # -- launch configuration --------------------------------------------------------------------------
-def _tile_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_M": m}, num_warps=w) for m in (1, 2, 4, 8, 16) for w in (4, 8, 16, 32)]
+def _tile_configs(programs_per_sm: tuple[int, ...] = ()) -> list[triton.Config]:
+    """Tiles of 1..16 rows on 4..32 warps; for each of ``programs_per_sm`` too, if given."""
+    extra = [{"PROGRAMS_PER_SM": p} for p in programs_per_sm] or [{}]
+    return [triton.Config({"BLOCK_M": m, **e}, num_warps=w) for m in (1, 2, 4, 8, 16) for w in (4, 8, 16, 32)
+            for e in extra]
 
 
 def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -158,13 +177,29 @@ def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> li
     keep = [c for c in configs
             if 8 <= c.kwargs["BLOCK_M"] * block_n // (32 * c.num_warps) <= 64
             and c.kwargs["BLOCK_M"] * block_n <= max(block_n, 16384)]
-    return keep or [triton.Config({"BLOCK_M": 1}, num_warps=32)]
+    return keep or [c for c in configs if c.kwargs["BLOCK_M"] == 1 and c.num_warps == 32]
 
 
-_fwd_tuned = triton.autotune(configs=_tile_configs(), key=["N", "BLOCK_N", "EVEN_N"],
+#: Forward: one program per tile (0) or a persistent grid of 1, 2 or 4 programs per SM; which wins
+#: depends on the row count too (waves of short rows vs a long tail of few long rows), hence M_BUCKET.
+_fwd_tuned = triton.autotune(configs=_tile_configs(programs_per_sm=(0, 1, 2, 4)), key=["N", "M_BUCKET", "EVEN_N"],
                              prune_configs_by={"early_config_prune": _prune_tiles})(_softmax_fwd_kernel)
 _bwd_tuned = triton.autotune(configs=_tile_configs(), key=["N", "BLOCK_N", "EVEN_N"],
                              prune_configs_by={"early_config_prune": _prune_tiles})(_softmax_bwd_kernel)
+
+
+@functools.cache
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tuned_forward_configs() -> dict[tuple, str]:
+    """The forward's autotuned choice per key (N, M_BUCKET, EVEN_N, dtypes...), for bench reports."""
+    return {key: str(config) for key, config in _fwd_tuned.cache.items()}
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -208,14 +243,22 @@ def softmax_forward(x: torch.Tensor, max_single_pass_cols: int = SINGLE_PASS_MAX
                                           FAST=_on_gpu(x), num_warps=8)
         return _finish(y, x.dtype, x.shape)
     block_n = triton.next_power_of_2(n)
-    args = (x2, y, m, n, x2.stride(0), y.stride(0))
+    args = (x2, y, m, n, x2.stride(0), y.stride(0), m.bit_length())
     if _on_gpu(x):
-        _fwd_tuned[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](
-            *args, BLOCK_N=block_n, EVEN_N=n == block_n, FAST=True)
+        sms = _sm_count(x.device)
+
+        def grid(meta: dict) -> tuple[int]:
+            tiles = triton.cdiv(m, meta["BLOCK_M"])
+            per_sm = meta["PROGRAMS_PER_SM"]
+            return (min(tiles, sms * per_sm) if per_sm else tiles,)
+
+        _fwd_tuned[grid](*args, BLOCK_N=block_n, EVEN_N=n == block_n, FAST=True)
     else:
         block_m = _interpreter_block_m(block_n)
-        _softmax_fwd_kernel[(triton.cdiv(m, block_m),)](
-            *args, BLOCK_M=block_m, BLOCK_N=block_n, EVEN_N=n == block_n, FAST=False, num_warps=4)
+        # a persistent grid of 2 programs: the interpreter walks the prefetching loop too
+        _softmax_fwd_kernel[(min(2, triton.cdiv(m, block_m)),)](
+            *args, BLOCK_M=block_m, BLOCK_N=block_n, EVEN_N=n == block_n, FAST=False, PROGRAMS_PER_SM=1,
+            num_warps=4)
     return _finish(y, x.dtype, x.shape)
 
 
