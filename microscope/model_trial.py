@@ -138,7 +138,8 @@ class Trial:
         elif ref.model == setup.model and ref.checksum is not None and ref.checksum != checksum:
             raise RuntimeError("initial weights differ from the baseline's under the same model config")
         self.common = {"init_sha256": checksum,
-                       "same_init_as_baseline": None if ref.checksum is None else ref.checksum == checksum}
+                       "same_init_as_baseline": None if ref.checksum is None else ref.checksum == checksum,
+                       "shares_baseline_weights": self.arm.inference_only}
         if self.arm.patch is not None:
             self.arm.patch(model)
         self.model = model

@@ -267,11 +267,16 @@ def compare_seed_accuracy(
     """Compare one value per seed (e.g. final eval loss of each seed's model).
 
     ``method="welch"``: Welch's t-test and its ``1 - alpha`` CI of the difference of means (needs at
-    least 2 seeds per side). ``method="bootstrap"``: unpaired bootstrap of the mean difference. With
-    zero variance on both sides the difference is exact: CI = [d, d], p = 1 if d == 0 else 0.
+    least 2 seeds per side). ``method="paired"``: ``base_seeds[i]`` and ``cand_seeds[i]`` come from
+    the same seed (same init, data order and eval set), so the per-seed differences get a paired
+    t-test and its CI (df = seeds - 1). ``method="bootstrap"``: unpaired bootstrap of the mean
+    difference. With zero variance (of both sides, or of the paired differences) the difference is
+    exact: CI = [d, d], p = 1 if d == 0 else 0.
     """
-    if method not in ("welch", "bootstrap"):
-        raise ValueError("method must be 'welch' or 'bootstrap'")
+    if method not in ("welch", "paired", "bootstrap"):
+        raise ValueError("method must be 'welch', 'paired' or 'bootstrap'")
+    if method == "paired":
+        return _seed_paired(base_seeds, cand_seeds, alpha, margin, higher_is_better)
     if method == "bootstrap":
         res = compare_unpaired_accuracy(
             base_seeds,
@@ -337,3 +342,32 @@ def compare_seed_accuracy(
         method="welch",
         notes=tuple(notes),
     )
+
+
+def _seed_paired(base_seeds: ArrayLike, cand_seeds: ArrayLike, alpha: float, margin: float,
+                 higher_is_better: bool) -> AccuracyComparison:
+    """Paired t over seeds: the training run is the unit, so the evaluation set's size cannot
+    shrink the CI below the run-to-run spread of the change."""
+    b, c = _as_1d(base_seeds, "base_seeds"), _as_1d(cand_seeds, "cand_seeds")
+    if b.size != c.size:
+        raise ValueError(f"paired seeds need equal lengths, got {b.size} and {c.size}")
+    keep = np.isfinite(b) & np.isfinite(c)
+    notes = [] if keep.all() else [f"{int((~keep).sum())} seed(s) with a non-finite value dropped"]
+    b, c = b[keep], c[keep]
+    vargs = {"alpha": alpha, "margin": margin, "higher_is_better": higher_is_better}
+    nan = float("nan")
+    d = c - b
+    fields = {"base_mean": float(b.mean()) if b.size else nan, "cand_mean": float(c.mean()) if c.size else nan,
+              "n": int(d.size), "method": "seed-paired-t"}
+    estimate = float(d.mean()) if d.size else nan
+    if d.size < 2:
+        notes.append("a paired t over seeds needs at least 2 seeds: no test")
+        return _finish(vargs, estimate=estimate, ci_low=nan, ci_high=nan, p=nan, notes=tuple(notes), **fields)
+    if np.ptp(d) == 0:
+        notes.append("the same difference on every seed: it is exact")
+        return _finish(vargs, estimate=estimate, ci_low=estimate, ci_high=estimate,
+                       p=1.0 if estimate == 0 else 0.0, notes=tuple(notes), **fields)
+    res = sps.ttest_rel(c, b)
+    ci = res.confidence_interval(confidence_level=1.0 - alpha)
+    return _finish(vargs, estimate=estimate, ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue),
+                   notes=tuple(notes), **fields)

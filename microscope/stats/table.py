@@ -10,9 +10,11 @@ baseline of the same plugin, case, dimension and metric. It dispatches on the ki
 * **numerics**: accuracy records carrying a ``passed`` flag (operator error vs float64, e.g.
   ``rel_err``); effect = error ratio cand/base (worst record); pass / fail from the flags, which the
   accuracy measure set with ``microscope.stats.numerics``.
-* **model accuracy**: other accuracy metrics (eval loss, token accuracy); effect = delta cand - base
-  (paired per-token/per-example bootstrap, else Welch over seeds); better / worse / non-inferior /
-  equivalent / inconclusive.
+* **model accuracy**: other accuracy metrics (eval loss, token accuracy); effect = delta cand - base;
+  better / worse / non-inferior / equivalent / inconclusive. With per-token/per-example arrays: pairs
+  within each seed, then a paired t over seeds when each arm trained its own model (the training run
+  is the unit), or a paired bootstrap over the pooled tokens when the weights are the baseline's
+  (``shares_baseline_weights``) or there is one seed. Without arrays: Welch over seed values.
 * **memory**: ``dimension == "memory"`` or a ``*bytes`` metric; effect = ratio cand/base; less /
   more / same (deterministic, no p).
 * **distribution**: stability and generalization, one value per seed; effect = delta cand - base
@@ -27,9 +29,10 @@ statistics raise (malformed details) gets verdict ``"error"``; the table itself 
 records.
 
 Record ``details`` keys read here: ``rounds`` (latency), ``per_token`` / ``per_example`` (paired
-model accuracy, same order for every variant), ``margin`` (non-inferiority / equivalence margin in
-metric units, default 0), ``higher_is_better`` (else guessed from the metric name), ``per_seed``
-(distribution values when one record holds all seeds), ``reasons`` (why a numerics check failed).
+model accuracy, same order for every variant), ``shares_baseline_weights``, ``margin``
+(non-inferiority / equivalence margin in metric units, default 0), ``higher_is_better`` (else guessed
+from the metric name), ``per_seed`` (distribution values when one record holds all seeds),
+``reasons`` (why a numerics check failed).
 
 Multiple comparisons (``microscope.stats.multiple``), per ``family_by`` group (default: per plugin,
 each plugin being its own claim): Holm over the *gating* family (candidates' latency and
@@ -50,7 +53,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .accuracy import compare_paired_accuracy, compare_seed_accuracy
+from .accuracy import AccuracyComparison, compare_paired_accuracy, compare_seed_accuracy
 from .bootstrap import DEFAULT_N_BOOT, make_rng
 from .distributions import compare_distributions
 from .latency import compare_latency
@@ -332,7 +335,7 @@ def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dic
     for key in ("per_token", "per_example"):
         b, c = _arrays(base, key), _arrays(cand, key)
         if b is not None and c is not None and _aligned(base, cand, b, c):
-            res = compare_paired_accuracy(np.concatenate(b), np.concatenate(c), **kw)
+            res = _paired_model_accuracy(row, cand, b, c, kw)
             break
     if res is None:
         bvals, cvals = _floats(base), _floats(cand)
@@ -351,6 +354,26 @@ def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dic
         f"delta cand-base ({res.method}); margin {margin:g}; {'higher' if hib else 'lower'} is better"
     )
     row.notes.extend(res.notes)
+
+
+def _paired_model_accuracy(row: _Row, cand: pd.DataFrame, b: list[np.ndarray], c: list[np.ndarray],
+                           kw: dict[str, Any]) -> AccuracyComparison:
+    """Per-token pairs, tested at the level the randomness lives at.
+
+    An arm that trained its own model differs from the baseline's by training noise too (GPU kernels
+    are not bitwise reproducible; any real change moves the whole trajectory): pooling tokens across
+    seeds would call that noise significant. So with several seeds the unit is the seed: each seed's
+    paired per-token mean difference, then a paired t over seeds. Tokens are pooled only where the
+    weights are the baseline's own (``shares_baseline_weights``: inference-only arms), or with a single
+    seed, where the note says the CI covers evaluation noise only.
+    """
+    shared = bool(_first_detail([cand], "shares_baseline_weights"))
+    if shared or len(b) == 1:
+        if not shared:
+            row.notes.append("one training run per arm: the CI covers evaluation noise, not training noise")
+        return compare_paired_accuracy(np.concatenate(b), np.concatenate(c), **kw)
+    row.notes.append(f"paired per token within each seed, then across {len(b)} seeds (the training run is the unit)")
+    return compare_seed_accuracy([x.mean() for x in b], [y.mean() for y in c], method="paired", **kw)
 
 
 def _distribution(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:

@@ -130,3 +130,37 @@ def test_seed_bootstrap_and_degenerate_inputs():
     assert any("non-finite" in n for n in diverged.notes) and diverged.n == 2
     with pytest.raises(ValueError):
         compare_paired_accuracy([1.0, 2.0], [1.0])
+
+
+def test_paired_seed_t_matches_the_textbook_formula_and_handles_exact_differences():
+    base = np.array([3.10, 3.05, 3.20, 3.12])
+    cand = base + np.array([-0.10, -0.12, -0.07, -0.11])
+    res = compare_seed_accuracy(base, cand, method="paired")
+    d = cand - base
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert res.method == "seed-paired-t" and res.n == 4
+    assert (res.ci_low, res.ci_high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert res.verdict == "better"
+    exact = compare_seed_accuracy([2.0, 2.5, 3.0], [2.0, 2.5, 3.0], method="paired", margin=1e-3)
+    assert exact.verdict == "equivalent" and exact.ci_low == exact.ci_high == 0.0
+    with pytest.raises(ValueError, match="equal lengths"):
+        compare_seed_accuracy([1.0, 2.0], [1.0], method="paired")
+
+
+def test_training_noise_is_not_a_verdict_when_the_seed_is_the_unit():
+    """Two arms that differ only by run-to-run training noise: each seed's model is a little better or
+    worse on every token. Pooling the tokens calls most such pairs different; the seed-level test does not."""
+    rng = np.random.default_rng(11)
+    pooled_calls = seed_calls = 0
+    for _ in range(40):
+        seeds_b, seeds_c = [], []
+        for _seed in range(3):
+            tokens = rng.lognormal(0.5, 1.0, 2000)
+            seeds_b.append(tokens + rng.normal(0, 0.02, tokens.size))
+            seeds_c.append(tokens + rng.normal(0, 0.02, tokens.size) + rng.normal(0, 0.01))  # this run's offset
+        pooled = compare_paired_accuracy(np.concatenate(seeds_b), np.concatenate(seeds_c), n_boot=300)
+        by_seed = compare_seed_accuracy([b.mean() for b in seeds_b], [c.mean() for c in seeds_c], method="paired")
+        pooled_calls += pooled.verdict in ("better", "worse")
+        seed_calls += by_seed.verdict in ("better", "worse")
+    assert pooled_calls >= 20  # the flaw the seed-level test removes
+    assert seed_calls <= 4
