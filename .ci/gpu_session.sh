@@ -4,6 +4,7 @@
 #   bash .ci/gpu_session.sh model                   # gpu profile of grad_checkpoint and mixed_precision
 #   bash .ci/gpu_session.sh catalogue               # catalogue plugins through microscope (operator + model level)
 #   bash .ci/gpu_session.sh tests                   # the GPU-marked tests
+#   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
@@ -23,7 +24,9 @@ step() {  # step NAME SECONDS COMMAND...
   local start=$SECONDS
   timeout "$limit" "$@" >>"$log" 2>&1
   echo "=== $name: exit $? after $((SECONDS - start)) s" | tee -a "$log"
-  tar czf "$OUT/results.tgz" results reports 2>/dev/null  # after every step: a cut call keeps it
+  # after every step, so a cut call keeps it; records and reports only (traces and TensorBoard are large)
+  find results reports -name records.jsonl -o -name '*.csv' -o -name '*.md' -o -name '*.html' 2>/dev/null |
+    tar czf "$OUT/results.tgz" -T - 2>/dev/null
 }
 
 {
@@ -43,9 +46,9 @@ benches() {
   done
 }
 planted() {
-  step planted 100 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
+  step planted "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
   # 5x longer kernel (~0.2 ms a call) and 3x the rounds: how much power more time buys
-  step planted-long 150 python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda --rounds 60 \
+  step planted-long "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda --rounds 60 \
     --set "cases.iters=[100000]"
 }
 model_run() {  # model_run CONFIG
@@ -56,12 +59,12 @@ model() {
   model_run grad_checkpoint
   model_run mixed_precision
 }
-catalogue() {
+catalogue() {  # the catalogue plugins through microscope: model level first (the claims), then operator
+  model_run int8_kv_cache_model
+  model_run fused_layernorm_gelu_model
   for name in fused_layernorm_gelu safe_softmax int8_kv_cache; do
     step "run-$name" 120 microscope run "ablations/$name.yaml" --device cuda --no-progress
   done
-  model_run int8_kv_cache_model
-  model_run fused_layernorm_gelu_model
 }
 tests() {
   step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider
@@ -70,7 +73,8 @@ tests() {
 for part in "${parts[@]}"; do
   case "$part" in
     flash | benches | planted | model | catalogue | tests) "$part" ;;
-    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests)" | tee -a "$log" ;;
+    run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, run:CONFIG)" | tee -a "$log" ;;
   esac
 done
 grep -E "^=== " "$log"

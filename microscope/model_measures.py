@@ -315,9 +315,10 @@ def generation(model: Transformer, prompt: torch.Tensor, new_tokens: int, baseli
 def inference_speed(model: Transformer, prompt: torch.Tensor, decode_tokens: int,
                     notes: list[str]) -> list[Measurement]:
     """Prefill tokens/s of ``prompt`` (B, S) and greedy decode tokens/s after a prefill of its first half."""
-    pre = prefill_throughput(model, prompt, repeats=5, warmup=1)
+    # decode steps are launch-bound and short: 10 repetitions, so one hiccup cannot move the median
+    pre = prefill_throughput(model, prompt, repeats=10, warmup=2)
     short = prompt[:, : max(1, prompt.shape[1] // 2)]
-    dec = decode_throughput(model, short, decode_tokens, repeats=3, warmup=1)
+    dec = decode_throughput(model, short, decode_tokens, repeats=10, warmup=2)
     return [
         _m("throughput", "prefill_tokens_per_s", pre.tokens_per_s, "tokens/s", _HIGHER, samples=pre.samples,
            tokens=pre.tokens, prompt_shape=list(prompt.shape), notes=notes),
