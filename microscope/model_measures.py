@@ -293,6 +293,7 @@ def generation(model: Transformer, prompt: torch.Tensor, new_tokens: int, baseli
         diverged = [int(np.flatnonzero(~row)[0]) if (~row).any() else None for row in same]
         agreement = _m("accuracy", "greedy_agreement", float(same.mean()), "fraction", _HIGHER,
                        per_token=same.astype(np.float32).ravel().tolist(), first_divergence=diverged,
+                       relative_to_baseline=True,
                        new_tokens=new_tokens, prompt_shape=[prompt.shape[0], half],
                        definition="fraction of greedy tokens equal to the baseline's at the same position "
                                   "(after a first divergence the two continue from different text)")

@@ -282,6 +282,8 @@ def test_inference_only_arms_reuse_the_baseline_weights_and_show_only_the_decode
     assert row.ratio_or_delta == 0 and row.n == 2 * 8 * 16  # shared weights: tokens pooled over seeds
     changed = table[(table.metric == "decode_loss") & (table.candidate == "half_scale")].iloc[0]
     assert changed.n == 2 * 8 * 16 and "paired-bootstrap" in changed.notes
+    agreement = table[(table.metric == "greedy_agreement") & (table.candidate == "same_cache")].iloc[0]
+    assert agreement.verdict != "info" and agreement.ratio_or_delta == 0  # shared weights: a real test
 
 
 def test_inference_only_arm_fails_visibly_when_its_baseline_did_not_train(tmp_path):
@@ -301,3 +303,9 @@ def test_an_inference_only_baseline_is_refused_at_registration():
         @register("toy_inference_only_baseline")
         class Bad(Ablation):
             arms = {"base": Arm(Role.BASELINE, inference_only=True), "other": Arm()}
+
+
+def test_greedy_agreement_is_tested_only_between_shared_weights(toy_run, tmp_path):
+    table = compare_records(records_frame(toy_run.out_dir))
+    separate = table[(table.metric == "greedy_agreement") & (table.candidate == "lower_lr")].iloc[0]
+    assert separate.verdict == "info" and "training noise" in separate.notes

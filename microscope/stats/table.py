@@ -29,7 +29,8 @@ statistics raise (malformed details) gets verdict ``"error"``; the table itself 
 records.
 
 Record ``details`` keys read here: ``rounds`` (latency), ``per_token`` / ``per_example`` (paired
-model accuracy, same order for every variant), ``shares_baseline_weights``, ``margin``
+model accuracy, same order for every variant), ``shares_baseline_weights``, ``relative_to_baseline``
+(a metric defined against the baseline's output: tested only when the weights are shared), ``margin``
 (non-inferiority / equivalence margin in metric units, default 0), ``higher_is_better`` (else guessed
 from the metric name), ``per_seed`` (distribution values when one record holds all seeds),
 ``reasons`` (why a numerics check failed).
@@ -326,6 +327,15 @@ def _numerics(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str,
 
 
 def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
+    if _first_detail([cand], "relative_to_baseline") and not _first_detail([cand], "shares_baseline_weights"):
+        # e.g. greedy agreement with the baseline's text: between separately trained models it also
+        # measures training noise, so it is shown, not tested
+        bv, cv = _median(_floats(base)), _median(_floats(cand))
+        row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, cv - bv
+        row.verdict, row.n = "info", min(len(base), len(cand))
+        row.notes.append("delta cand-base; measured against the baseline's own output, and the arms trained "
+                         "separately, so it includes training noise: no test")
+        return
     margin = _first_detail([cand, base], "margin")
     margin = float(margin) if margin is not None else 0.0
     hib = _first_detail([cand, base], "higher_is_better")
