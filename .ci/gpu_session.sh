@@ -46,10 +46,10 @@ benches() {
   done
 }
 planted() {
+  # the cuda profile (60 rounds of a ~0.2 ms kernel), then a short one: 20 rounds of a ~45 us kernel
   step planted "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
-  # 5x longer kernel (~0.2 ms a call) and 3x the rounds: how much power more time buys
-  step planted-long "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda --rounds 60 \
-    --set "cases.iters=[100000]"
+  step planted-short "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 \
+    --device cuda --rounds 20 --set "cases.iters=[20000]"
 }
 model_run() {  # model_run CONFIG
   step "model-$1" "${MODEL_LIMIT:-600}" microscope run "ablations/$1.yaml" --device cuda --no-progress \
