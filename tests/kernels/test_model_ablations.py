@@ -134,3 +134,13 @@ def test_flash_attn_arm_puts_the_triton_kernel_in_every_block():
     assert all(block.attn.attn_fn is flash_attention for block in model.blocks)
     torch.testing.assert_close(model(x), eager, rtol=1e-4, atol=1e-4)
     assert future_leak(model, seq_len=16) == 0.0
+
+
+@pytest.mark.parametrize("name", ["grad_checkpoint", "mixed_precision"])
+def test_the_cuda_profile_trains_the_gpu_sized_model(name):
+    """The issue's H200 budget is for the gpu profile (12 x 768, context 1024); a CPU-sized override
+    at the top level of a config must not leak into its cuda profile."""
+    config, plugin = load_checked(ROOT / "ablations" / f"{name}.yaml", "cuda", False)
+    baseline = next(arm for arm in plugin.arms.values() if arm.role is Role.BASELINE)
+    model = trial_setup(config.workload, baseline, TrialSeeds.of(0, 0)).model
+    assert (model.n_layers, model.d_model, model.context) == (12, 768, 1024)
