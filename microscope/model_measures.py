@@ -301,7 +301,8 @@ def generation(model: Transformer, prompt: torch.Tensor, new_tokens: int, baseli
         _m("accuracy", "decode_loss", scored.loss, "nats", _LOWER, per_token=scored.token_losses.tolist(),
            margin=margin, **where,
            definition="cross-entropy of the prompt's second half, fed one cached decode step at a time"),
-        _m("accuracy", "decode_ppl", math.exp(scored.loss), "", _LOWER, definition="exp(decode_loss)", **where),
+        _m("accuracy", "decode_ppl", math.exp(scored.loss), "", _LOWER, definition="exp(decode_loss)",
+           margin=math.exp(scored.loss) * math.expm1(margin), **where),  # the loss margin, as perplexity
         agreement,
         _m("memory", "kv_cache_bytes", cache.nbytes(), "bytes", _LOWER, cache=type(cache).__name__,
            cached_tokens=cache.seq_len, rows=prompt.shape[0],

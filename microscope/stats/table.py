@@ -14,7 +14,8 @@ baseline of the same plugin, case, dimension and metric. It dispatches on the ki
   better / worse / non-inferior / equivalent / inconclusive. With per-token/per-example arrays: pairs
   within each seed, then a paired t over seeds when each arm trained its own model (the training run
   is the unit), or a paired bootstrap over the pooled tokens when the weights are the baseline's
-  (``shares_baseline_weights``) or there is one seed. Without arrays: Welch over seed values.
+  (``shares_baseline_weights``) or there is one seed. Without arrays: a paired t over matched seeds,
+  else Welch over the seed values.
 * **memory**: ``dimension == "memory"`` or a ``*bytes`` metric; effect = ratio cand/base; less /
   more / same (deterministic, no p).
 * **distribution**: stability and generalization, one value per seed; effect = delta cand - base
@@ -247,6 +248,25 @@ def _aligned(base: pd.DataFrame, cand: pd.DataFrame, b: list[np.ndarray], c: lis
     return same_seeds and len(b) == len(c) and all(x.size == y.size for x, y in zip(b, c))
 
 
+#: Kinds compared seed against seed: only seeds both arms completed can be compared.
+_PER_SEED = ("model_accuracy", "distribution")
+
+
+def _common_seeds(row: _Row, base: pd.DataFrame, cand: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both sides restricted to the seeds both have (a run cut short, a seed that failed on one side):
+    a baseline mean over seeds the candidate never ran would mix seed-to-seed spread into the effect."""
+    sb, sc = _seeds(base), _seeds(cand)
+    if sb is None or sc is None or set(sb) == set(sc):
+        return base, cand
+    common = set(sb) & set(sc)
+    if not common:
+        row.notes.append("the two sides share no seed: compared as unpaired samples")
+        return base, cand
+    row.notes.append(f"compared on the {len(common)} seed(s) both completed (baseline {len(set(sb))}, "
+                     f"{row.candidate} {len(set(sc))})")
+    return base[base["seed"].isin(common)], cand[cand["seed"].isin(common)]
+
+
 def _reasons(recs: pd.DataFrame) -> str:
     rs = [str(r) for r in recs.get("reason", pd.Series(dtype=object)) if not _missing(r) and str(r)]
     return "; ".join(dict.fromkeys(rs)) or "no reason recorded"
@@ -349,7 +369,13 @@ def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dic
             break
     if res is None:
         bvals, cvals = _floats(base), _floats(cand)
-        if bvals.size >= 2 and cvals.size >= 2:
+        sb = _seeds(base)
+        if sb is not None and sb == _seeds(cand) and bvals.size == cvals.size >= 2:
+            # one value per seed, seeds matched: each seed shares init, data and eval set, so pair them
+            bvals = pd.to_numeric(_by_seed(base)["value"], errors="coerce").to_numpy(dtype=float)
+            cvals = pd.to_numeric(_by_seed(cand)["value"], errors="coerce").to_numpy(dtype=float)
+            res = compare_seed_accuracy(bvals, cvals, method="paired", **kw)
+        elif bvals.size >= 2 and cvals.size >= 2:
             res = compare_seed_accuracy(bvals, cvals, method="welch", **kw)
         else:
             bv, cv = _median(bvals), _median(cvals)
@@ -510,7 +536,8 @@ def _compare_group(key: tuple[str, ...], grp: pd.DataFrame, opts: dict[str, Any]
                 )
             try:
                 opts["rng"] = make_rng(opts["seed"], plugin, case_id, dimension, metric, variant)
-                _HANDLERS[kind](row, base_ok, ok, opts)
+                base_used, ok = _common_seeds(row, base_ok, ok) if kind in _PER_SEED else (base_ok, ok)
+                _HANDLERS[kind](row, base_used, ok, opts)
             except Exception as exc:  # a malformed record must not take the whole table down
                 row.verdict, row.family = "error", None
                 row.notes.append(f"statistics failed: {type(exc).__name__}: {exc}")

@@ -184,9 +184,9 @@ def test_adjusted_p_values_by_family(table):
 
 
 def seed_accuracy_records(n_candidates):
-    """One candidate with a real-looking effect (Welch p ~ 0.004) and n - 1 with none."""
+    """One candidate with a real-looking effect (paired t over 5 seeds, p ~ 0.005) and n - 1 with none."""
     base = [10.0, 10.2, 9.9, 10.1, 10.05]
-    jitter = [0.05, -0.05, 0.1, -0.1, 0.0]
+    jitter = [0.1, -0.1, 0.1, -0.1, 0.0]
     recs = []
     for s in range(5):
         common = {"dimension": "accuracy", "metric": "eval_loss", "case_id": "model", "seed": s}
@@ -292,3 +292,20 @@ def test_save_table_falls_back_to_json_without_pyarrow(tmp_path, table, monkeypa
     assert [p.name for p in paths] == ["comparison.csv", "comparison.json"]
     back = pd.read_json(paths[1], orient="records")
     assert list(back.columns) == list(TABLE_COLUMNS) and back.verdict.tolist() == table.verdict.tolist()
+
+
+def test_a_candidate_cut_short_is_compared_on_the_seeds_both_arms_completed():
+    """The baseline finished 3 seeds, the candidate 1 (its run was killed): comparing the baseline's mean
+    over 3 seeds with the candidate's one seed would report seed-to-seed spread as the effect."""
+    recs = []
+    for s, level in enumerate([2.0, 2.5, 3.0]):
+        tokens = list(level + np.linspace(-0.1, 0.1, 50))
+        common = {"dimension": "accuracy", "metric": "decode_loss", "case_id": "model", "seed": s}
+        recs.append(record(variant="ref", role="baseline", value=float(np.mean(tokens)),
+                           details={"per_token": tokens}, **common))
+        if s == 2:
+            recs.append(record(variant="cut", role="candidate", value=float(np.mean(tokens)),
+                               details={"per_token": tokens}, **common))
+    row = compare_records(recs).iloc[0]
+    assert row.ratio_or_delta == 0 and row.baseline_value == pytest.approx(3.0)
+    assert "compared on the 1 seed(s) both completed (baseline 3, cut 1)" in row.notes
