@@ -141,3 +141,33 @@ def test_fused_norm_gelu_model_matches_the_eager_model_forward_and_backward(seed
 def test_fusing_a_model_without_the_pair_says_how_to_get_it():
     with pytest.raises(ValueError, match="mlp_norm: true"):
         use_fused_norm_gelu(build_model(SMALL))
+
+
+@pytest.mark.gpu
+def test_int8_cache_on_the_gpu_matches_its_unfused_form_under_bf16_autocast(seed):
+    """The compiled kernel (inline-PTX unpacking, autotuned blocks) inside the model, in bf16."""
+    model = build_model(SMALL, seed=seed % 1000, device="cuda")
+    tokens = _tokens(seed, rows=4, length=300).cuda()  # several token blocks and splits
+    losses = {}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        own = score_through_cache(model, tokens, 150)
+        for cls in (Int8KVCache, UnfusedInt8KVCache):
+            model.cache_cls = cls
+            losses[cls] = score_through_cache(model, tokens, 150).token_losses
+    assert abs(losses[Int8KVCache] - losses[UnfusedInt8KVCache]).max() < 2e-2
+    assert abs(losses[Int8KVCache].mean() - own.loss) / own.loss < 1e-2
+
+
+@pytest.mark.gpu
+def test_fused_norm_gelu_trains_like_the_eager_pair_on_the_gpu(seed):
+    eager = build_model(GELU_NORM, seed=seed % 1000, device="cuda")
+    fused = build_model(GELU_NORM, seed=seed % 1000, device="cuda")
+    use_fused_norm_gelu(fused)
+    tokens = _tokens(seed, rows=4, length=32).cuda()
+    grads = []
+    for model in (eager, fused):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(tokens).float().logsumexp(-1).mean()
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[1], grads[0], rtol=5e-2, atol=1e-4)
