@@ -118,8 +118,33 @@ def _write_reports(results_dir: Path, formats, out: Path, console: Console) -> N
 def report(args: argparse.Namespace, console: Console) -> int:
     if not args.results_dir.is_dir():
         raise UserError(f"{args.results_dir}: no such results folder (expected results/<run-id>/)")
+    _complete_statistics(args.results_dir, console)
     _write_reports(args.results_dir, args.format, args.out, console)
     return EXIT_OK
+
+
+def _complete_statistics(folder: Path, console: Console) -> None:
+    """A run stopped before its statistics (killed by a time limit, say) still holds every complete
+    record: compute and save the comparison table it did not get to, so the report has its verdicts."""
+    from microscope import stats
+    from microscope.store.records import records_frame
+
+    records = folder / "records.jsonl"
+    if not records.is_file() or any((folder / f"comparison.{ext}").is_file() for ext in ("csv", "parquet", "json")):
+        return
+    config = folder / "config.yaml"
+    alpha, min_band = 0.05, 0.01
+    if config.is_file():
+        try:
+            saved = cfgmod.loads(config.read_text(encoding="utf-8"), str(config))
+            alpha, min_band = saved.stats.alpha, saved.stats.min_band
+        except cfgmod.ConfigError:
+            console.print(f"{config}: unreadable; statistics with the default alpha and band", highlight=False)
+    frame = records_frame(records)
+    if len(frame):
+        stats.save_table(stats.compare_records(frame, alpha=alpha, min_band=min_band), folder)
+        console.print(f"statistics: the run stopped before its comparison table; computed it now from "
+                      f"{len(frame)} records", highlight=False)
 
 
 def compare(args: argparse.Namespace, console: Console) -> int:

@@ -112,3 +112,17 @@ def test_set_overrides_nested_fields_and_reports_typos(plugin_dir, tmp_path, cap
     capsys.readouterr()
     assert main(args + ["--set", "dimensions.throughput.roundz=3"]) == 2
     assert "dimensions.throughput.roundz: unknown key; did you mean 'rounds'?" in capsys.readouterr().err
+
+
+def test_report_computes_the_statistics_a_killed_run_did_not_get_to(plugin_dir, tmp_path, capsys):
+    path = _write(plugin_dir, CONFIG + "variants: [written]\n", "killed.yaml")
+    main(["run", str(path), "--device", "cpu", "--no-progress", "--quick", "--no-report", "--out", str(tmp_path)])
+    run = next(tmp_path.iterdir())
+    saved = (run / "comparison.csv").read_text()
+    for name in ("comparison.csv", "comparison.parquet", "comparison.json"):
+        (run / name).unlink(missing_ok=True)  # as if the run was killed after its last record
+    capsys.readouterr()
+    assert main(["report", str(run), "--format", "md", "--out", str(tmp_path / "rep")]) == 0
+    assert "computed it now from" in capsys.readouterr().out
+    assert (run / "comparison.csv").read_text() == saved
+    assert "no comparison table" not in next((tmp_path / "rep").glob("*.md")).read_text()

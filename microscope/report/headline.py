@@ -186,9 +186,9 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
     table = with_baselines(table)
     table = table.assign(_family=[row_family(d, m, v) for d, m, v in
                                   zip(table["dimension"], table["metric"], table["verdict"])])
-    table = table[table["_family"] != "info"]
     plugins = table["plugin"].nunique() > 1
-    out = []
+    out = _rate_headlines(table, plugins)
+    table = table[table["_family"] != "info"]
     for (dim, plugin, base, cand, family), rows in table.groupby(
             ["dimension", "plugin", "baseline", "candidate", "_family"], sort=False):
         counts = Counter(rows["verdict"])
@@ -207,6 +207,22 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         text = (f"{plugin}: " if plugins else "") + text + _rest(counts, shown)
         all_pass = family == "check" and counts["pass"] == len(rows)
         out.append(Headline(str(dim), text, _tone(counts, all_pass), dict(counts)))
+    return out
+
+
+def _rate_headlines(table: pd.DataFrame, plugins: bool) -> list[Headline]:
+    """Model-level speed (train/prefill/decode tokens/s): rates with no latency row behind them, so
+    no verdict either; the ratios are still what a reviewer looks for first, so say them, untested."""
+    timed = set(table.loc[table["_family"] == "latency", "plugin"])
+    rates = table[(table["_family"] == "info") & (table["dimension"] == "throughput") & ~table["plugin"].isin(timed)]
+    out = []
+    for (plugin, base, cand), rows in rates.groupby(["plugin", "baseline", "candidate"], sort=False):
+        per_metric = ratios(rows).groupby(rows["metric"], sort=False).median().dropna()
+        if not len(per_metric):
+            continue
+        items = ", ".join(f"{metric} ×{value:.3g}" for metric, value in per_metric.items())
+        text = (f"{plugin}: " if plugins else "") + f"{cand} vs {base}: {items} (rates; no statistical test)"
+        out.append(Headline("throughput", text, "neutral", {"info": len(rows)}))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 from report_fixtures import ACC_FAIL, OOM, SKIP, Spec, make_run
 
 from microscope.report.load import load_run
@@ -166,3 +167,20 @@ def test_run_where_every_trial_failed(tmp_path: Path) -> None:
     md = _md(folder)
     assert "triton vs eager: not measured" in md and "failed trial record(s)" in md and "boom" in md
     assert_valid_tables(md)
+
+
+def test_model_level_speed_gets_an_untested_headline_with_its_ratios() -> None:
+    from microscope.report.headline import from_comparison
+    from microscope.stats import TABLE_COLUMNS
+
+    def row(metric: str, base: float, cand: float, plugin: str = "grad_checkpoint") -> dict:
+        r = dict.fromkeys(TABLE_COLUMNS, "")
+        r.update(plugin=plugin, case_id="profile=gpu,task=lm", dimension="throughput", metric=metric,
+                 baseline="none", candidate="every_1", role="candidate", baseline_value=base,
+                 candidate_value=cand, ratio_or_delta=cand / base, verdict="info")
+        return r
+
+    table = pd.DataFrame([row("train_tokens_per_s", 360951.0, 264445.0), row("decode_tokens_per_s", 4729.0, 3764.0)])
+    lines = [h.text for h in from_comparison(table) if h.dimension == "throughput"]
+    assert lines == ["every_1 vs none: train_tokens_per_s ×0.733, decode_tokens_per_s ×0.796 "
+                     "(rates; no statistical test)"]
