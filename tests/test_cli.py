@@ -59,7 +59,8 @@ quick:
 
 def test_run_prints_the_table_and_exits_1_when_a_trial_failed(plugin_dir, tmp_path, capsys):
     path = _write(plugin_dir, CONFIG)
-    code = main(["run", str(path), "--device", "cpu", "--no-progress", "--out", str(tmp_path / "res")])
+    code = main(["run", str(path), "--device", "cpu", "--no-progress", "--out", str(tmp_path / "res"),
+                 "--reports", str(tmp_path / "reports")])
     out = capsys.readouterr().out
     assert code == 1
     assert "cli_softplus" in out and "written" in out and "deliberately broken" in out
@@ -73,7 +74,7 @@ def test_run_prints_the_table_and_exits_1_when_a_trial_failed(plugin_dir, tmp_pa
 def test_quick_and_seed_flags(plugin_dir, tmp_path, capsys):
     path = _write(plugin_dir, CONFIG + "variants: [written]\n", "quick.yaml")
     main(["run", str(path), "--device", "cpu", "--no-progress", "--quick", "--seed", "5",
-          "--out", str(tmp_path / "res")])
+          "--out", str(tmp_path / "res"), "--reports", str(tmp_path / "reports")])
     run = next((tmp_path / "res").iterdir())
     records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
     assert {r["case_id"] for r in records} == {"n=7,fp32"}
