@@ -126,25 +126,21 @@ def report(args: argparse.Namespace, console: Console) -> int:
 def _complete_statistics(folder: Path, console: Console) -> None:
     """A run stopped before its statistics (killed by a time limit, say) still holds every complete
     record: compute and save the comparison table it did not get to, so the report has its verdicts."""
-    from microscope import stats
-    from microscope.store.records import records_frame
-
     records = folder / "records.jsonl"
     if not records.is_file() or any((folder / f"comparison.{ext}").is_file() for ext in ("csv", "parquet", "json")):
         return
     config = folder / "config.yaml"
-    alpha, min_band = 0.05, 0.01
+    settings = cfgmod.StatsConfig()
     if config.is_file():
         try:
-            saved = cfgmod.loads(config.read_text(encoding="utf-8"), str(config))
-            alpha, min_band = saved.stats.alpha, saved.stats.min_band
+            settings = cfgmod.loads(config.read_text(encoding="utf-8"), str(config)).stats
         except cfgmod.ConfigError:
             console.print(f"{config}: unreadable; statistics with the default alpha and band", highlight=False)
-    frame = records_frame(records)
-    if len(frame):
-        stats.save_table(stats.compare_records(frame, alpha=alpha, min_band=min_band), folder)
+    n_records = sum(1 for line in records.read_text(encoding="utf-8").splitlines() if line.strip())
+    if n_records:
+        _save_comparison(folder, settings)
         console.print(f"statistics: the run stopped before its comparison table; computed it now from "
-                      f"{len(frame)} records", highlight=False)
+                      f"{n_records} records", highlight=False)
 
 
 def compare(args: argparse.Namespace, console: Console) -> int:
@@ -160,15 +156,21 @@ def compare(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _print_comparison(result, config, console: Console) -> None:  # noqa: ANN001
-    """The statistics engine's verdict table, printed and saved next to the records."""
+def _save_comparison(folder: Path, settings: cfgmod.StatsConfig):  # noqa: ANN202 - a pandas DataFrame
+    """The statistics engine's verdict table of the run in ``folder``, saved next to its records."""
     from microscope import stats
     from microscope.store.records import records_frame
 
-    table = stats.compare_records(records_frame(result.out_dir), alpha=config.stats.alpha,
-                                  min_band=config.stats.min_band)
-    stats.save_table(table, result.out_dir)
-    stats.print_table(table, console=console)
+    table = stats.compare_records(records_frame(folder), alpha=settings.alpha, min_band=settings.min_band)
+    stats.save_table(table, folder)
+    return table
+
+
+def _print_comparison(result, config, console: Console) -> None:  # noqa: ANN001
+    """The statistics engine's verdict table, printed and saved next to the records."""
+    from microscope import stats
+
+    stats.print_table(_save_comparison(result.out_dir, config.stats), console=console)
 
 
 def list_plugins(args: argparse.Namespace, console: Console) -> int:

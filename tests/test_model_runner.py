@@ -305,7 +305,7 @@ def test_an_inference_only_baseline_is_refused_at_registration():
             arms = {"base": Arm(Role.BASELINE, inference_only=True), "other": Arm()}
 
 
-def test_greedy_agreement_is_tested_only_between_shared_weights(toy_run, tmp_path):
+def test_greedy_agreement_is_tested_only_between_shared_weights(toy_run):
     table = compare_records(records_frame(toy_run.out_dir))
     separate = table[(table.metric == "greedy_agreement") & (table.candidate == "lower_lr")].iloc[0]
     assert separate.verdict == "info" and "training noise" in separate.notes

@@ -230,6 +230,11 @@ def _seeds(recs: pd.DataFrame) -> list[Any] | None:
     return list(_by_seed(recs)["seed"])
 
 
+def _seed_values(recs: pd.DataFrame) -> np.ndarray:
+    """Record values in seed order, non-finite ones kept (NaN) so positions still pair by seed."""
+    return pd.to_numeric(_by_seed(recs)["value"], errors="coerce").to_numpy(dtype=float)
+
+
 def _arrays(recs: pd.DataFrame, key: str) -> list[np.ndarray] | None:
     """The ``details[key]`` array of every record in seed order, or None if any record lacks it."""
     out = []
@@ -372,9 +377,7 @@ def _model_accuracy(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dic
         sb = _seeds(base)
         if sb is not None and sb == _seeds(cand) and bvals.size == cvals.size >= 2:
             # one value per seed, seeds matched: each seed shares init, data and eval set, so pair them
-            bvals = pd.to_numeric(_by_seed(base)["value"], errors="coerce").to_numpy(dtype=float)
-            cvals = pd.to_numeric(_by_seed(cand)["value"], errors="coerce").to_numpy(dtype=float)
-            res = compare_seed_accuracy(bvals, cvals, method="paired", **kw)
+            res = compare_seed_accuracy(_seed_values(base), _seed_values(cand), method="paired", **kw)
         elif bvals.size >= 2 and cvals.size >= 2:
             res = compare_seed_accuracy(bvals, cvals, method="welch", **kw)
         else:
@@ -417,7 +420,7 @@ def _distribution(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[
         per_seed = _arrays(recs, "per_seed")
         if per_seed is not None and len(recs) == 1:
             return per_seed[0]
-        return pd.to_numeric(_by_seed(recs)["value"], errors="coerce").to_numpy(dtype=float)
+        return _seed_values(recs)
 
     bvals, cvals = values(base), values(cand)
     lib = _first_detail([cand, base], "higher_is_better")
