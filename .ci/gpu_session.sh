@@ -2,13 +2,14 @@
 # The GPU evidence, batched into few device calls (device time is scarce). Name the parts to run:
 #   bash .ci/gpu_session.sh flash benches planted   # operator level: flash_attn run, kernel benches, planted study
 #   bash .ci/gpu_session.sh model                   # gpu profile of grad_checkpoint and mixed_precision
-#   bash .ci/gpu_session.sh catalogue               # catalogue plugins through microscope (operator + model level)
-#   bash .ci/gpu_session.sh tests                   # the GPU-marked tests
+#   bash .ci/gpu_session.sh catalogue               # the catalogue plugins' operator configs through microscope
+#   bash .ci/gpu_session.sh tests                   # the GPU-marked tests, and the kernel tests on the GPU
 #   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
-# run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120).
+# run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120). The catalogue's
+# model-level configs run as run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
@@ -59,15 +60,14 @@ model() {
   model_run grad_checkpoint
   model_run mixed_precision
 }
-catalogue() {  # the catalogue plugins through microscope: model level first (the claims), then operator
-  model_run int8_kv_cache_model
-  model_run fused_layernorm_gelu_model
+catalogue() {  # the catalogue plugins through microscope, operator level, on the cuda profile's shapes
   for name in fused_layernorm_gelu safe_softmax int8_kv_cache; do
     step "run-$name" 120 microscope run "ablations/$name.yaml" --device cuda --no-progress
   done
 }
-tests() {
+tests() {  # the GPU-marked tests, then every kernel test natively on the GPU (CI runs them interpreted)
   step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider
+  step gpu-kernel-tests "${KERNEL_TEST_LIMIT:-240}" python3 -m pytest tests/kernels -q -p no:cacheprovider --maxfail=10
 }
 
 for part in "${parts[@]}"; do

@@ -9,10 +9,16 @@ rows so one process can run all the rooms' benches.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
-from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.kernel import (
+    forward_plans,
+    layernorm_gelu,
+    layernorm_gelu_forward,
+    tuned_forward_plans,
+)
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
 
@@ -84,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         "triton": layernorm_gelu,
     }
     rows: list[Row] = []
+    plan_rows: list[Row] = []
     for m, n in SHAPES:
         x, w, b, dy = _inputs(m, n, dtype)
         size = m * n * dtype.itemsize
@@ -96,10 +103,16 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
             for mode, thunk, nbytes in (("fwd", forward, 2 * size), ("bwd", backward, 3 * size)):
                 ms = measure(thunk, f"{name} {mode} {m}x{n}") if thunk else None
                 rows.append(Row(f"{mode} {m}x{n}", name, ms, nbytes))
+        for plan in forward_plans(n):  # what the forward's one-off timing chose among
+            thunk = functools.partial(layernorm_gelu_forward, x, w, b, EPS, args.approximate, False, plan)
+            plan_rows.append(Row(f"fwd {m}x{n}", str(plan), measure(thunk, f"plan {plan} {m}x{n}"), 2 * size))
         del x, w, b, dy
         torch.cuda.empty_cache()
     print_table(f"fused_layernorm_gelu {args.dtype} {args.approximate}: fwd bytes = read x + write y; "
                 f"bwd = read x, dy + write dx", rows, copy_gbps, peers=["torch.compile", "eager"])
+    print_table("forward launch plans (inference call, no statistics)", plan_rows, copy_gbps, peers=[])
+    for key, plan in tuned_forward_plans().items():
+        print(f"   forward plan chosen for key {key}: {plan}")
     return rows
 
 

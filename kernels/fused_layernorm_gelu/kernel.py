@@ -8,9 +8,11 @@ from the two per-row statistics saved by the forward, instead of saving the acti
 
 Layout of the work:
 
-* both directions: a persistent grid of exactly one wave of programs (sized from the compiled
-  kernel's register use); each program walks tiles of ``BLOCK_M`` whole rows (``BLOCK_N >= N``) with
-  a stride of the grid size, prefetching the next tile while it computes the current one.
+* both directions walk tiles of ``BLOCK_M`` whole rows (``BLOCK_N >= N``) with a stride of the grid
+  size. The backward runs a persistent grid of exactly one wave (sized from the compiled kernel's
+  register use) and prefetches the next tile while it computes the current one. The forward times
+  three plans once per shape class: one program per tile, that persistent walk, or a persistent walk
+  whose loads the compiler pipelines through shared memory (``ForwardPlan``).
 * forward: statistics in fp32 with a centered (two-pass over registers) variance, so large offsets
   do not cancel; GeLU with folded constants (and approximate ex2/rcp on the GPU) so the kernel stays
   bandwidth-bound rather than instruction-bound.
@@ -27,10 +29,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 from microscope.api import interpreting
 
@@ -129,18 +133,27 @@ def _fwd_kernel(
     M, N, stride_x, stride_y, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     APPROX_TANH: tl.constexpr, STORE_STATS: tl.constexpr, FAST: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Persistent: each program keeps weight/bias in fp32 registers and walks row tiles with a
-    stride of the grid size, loading the next tile before computing the current one."""
+    """Each program keeps weight/bias in fp32 registers and walks row tiles with a stride of the
+    grid size. How the next tile's HBM read overlaps this one's math is a launch choice
+    (``_forward_plans``): with one program per tile the loop runs once and other programs cover the
+    latency; on a persistent grid either ``PREFETCH`` loads the next tile into registers before
+    computing the current one, or ``STAGES`` > 1 lets the compiler pipeline the loads through shared
+    memory that many tiles deep."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     b = tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
-    for block in range(pid, tl.cdiv(M, BLOCK_M), step):
-        x = x_next.to(tl.float32)
-        x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+    if PREFETCH:
+        x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+    for block in tl.range(pid, tl.cdiv(M, BLOCK_M), step, num_stages=STAGES):
+        if PREFETCH:
+            x = x_next.to(tl.float32)
+            x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+        else:
+            x = _row_tile(X, block, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N).to(tl.float32)
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         mean = tl.sum(x, axis=1) / N
         xc = x - mean[:, None]
@@ -279,28 +292,65 @@ def _persistent_grid(kernel: triton.JITFunction, args: tuple, consts: dict, row_
     return max(1, min(_sm_count(index) * _PROGRAMS_PER_SM[key], row_blocks))
 
 
-_FWD_WARPS: dict[tuple, int] = {}
+@dataclass(frozen=True)
+class ForwardPlan:
+    """One way to launch the forward: warps per program, and how a tile's HBM read is overlapped.
 
-
-def _tuned_warps(key: tuple, consts: dict, launch: Callable[[int], None]) -> int:
-    """The forward's warp count, measured once per shape class on the GPU and cached.
-
-    Candidates keep 8..64 fp32 values per thread (the heuristic of ``_tile_shape`` sits in the
-    middle). Where several fit, the fastest under ``triton.testing.do_bench`` wins: the trade between
-    bytes in flight per SM and cross-warp reduction cost is too close to call from first principles
-    alone. The forward is pure, so re-running it while timing is harmless.
+    ``persistent=False`` is one program per tile (other resident programs hide the latency);
+    ``persistent=True`` is one wave of programs walking tiles, overlapping by a register ``prefetch``
+    of the next tile or by the compiler's shared-memory pipeline of ``stages`` tiles.
     """
-    if key not in _FWD_WARPS:
-        tile = consts["BLOCK_M"] * consts["BLOCK_N"]
-        options = [w for w in (4, 8, 16, 32) if 8 <= tile // (32 * w) <= 64]
-        options = options or [_tile_shape(consts["BLOCK_N"])[1]]
-        if len(options) == 1:
-            _FWD_WARPS[key] = options[0]
+
+    warps: int
+    persistent: bool
+    prefetch: bool = False
+    stages: int = 1
+
+    def consts(self) -> dict:
+        return {"PREFETCH": self.prefetch, "STAGES": self.stages}
+
+    def __str__(self) -> str:
+        how = ("register prefetch" if self.prefetch else f"{self.stages}-stage pipeline") if self.persistent \
+            else "one program per tile"
+        return f"{self.warps} warps, {'persistent, ' if self.persistent else ''}{how}"
+
+
+def forward_plans(n: int) -> list[ForwardPlan]:
+    """The candidates the GPU forward is timed over for rows of ``n`` elements: warp counts that
+    keep 8..64 fp32 values per thread of the tile, each with the three ways of overlapping loads.
+    Which wins depends on the row length and on the row count (a 16K-row tensor is ~1 wave's
+    ramp-up and tail, a 64K-row one is not), which is why the choice is measured per shape class
+    rather than derived."""
+    block_n = triton.next_power_of_2(n)
+    tile = _tile_shape(block_n)[0] * block_n
+    warps = [w for w in (4, 8, 16, 32) if 8 <= tile // (32 * w) <= 64] or [_tile_shape(block_n)[1]]
+    return [plan for w in warps for plan in (ForwardPlan(w, persistent=False),
+                                             ForwardPlan(w, persistent=True, prefetch=True),
+                                             ForwardPlan(w, persistent=True, stages=3))]
+
+
+#: The interpreter's plan: persistent with the register prefetch, so CPU runs walk the loop too.
+INTERPRETER_PLAN = ForwardPlan(4, persistent=True, prefetch=True)
+
+_FWD_PLANS: dict[tuple, ForwardPlan] = {}
+
+
+def _tuned_plan(key: tuple, plans: list[ForwardPlan], launch: Callable[[ForwardPlan], None]) -> ForwardPlan:
+    """The fastest of ``plans`` under ``triton.testing.do_bench``, measured once per shape class on
+    the GPU and cached. The forward is pure, so re-running it while timing is harmless."""
+    if key not in _FWD_PLANS:
+        if len(plans) == 1:
+            _FWD_PLANS[key] = plans[0]
         else:
-            bench = triton.testing.do_bench
-            times = {w: bench(functools.partial(launch, w), warmup=10, rep=40) for w in options}
-            _FWD_WARPS[key] = min(times, key=times.get)
-    return _FWD_WARPS[key]
+            times = {plan: triton.testing.do_bench(functools.partial(launch, plan), warmup=10, rep=40)
+                     for plan in plans}
+            _FWD_PLANS[key] = min(times, key=times.get)
+    return _FWD_PLANS[key]
+
+
+def tuned_forward_plans() -> dict[tuple, str]:
+    """The forward's measured choice per shape class (cols, row-count bucket, dtype, ...), for benches."""
+    return {key: str(plan) for key, plan in _FWD_PLANS.items()}
 
 
 # -- launchers ------------------------------------------------------------------------------------
@@ -346,9 +396,13 @@ def _on_gpu_device(device: torch.device) -> bool:
 
 
 def layernorm_gelu_forward(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str, store_stats: bool
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str, store_stats: bool,
+    plan: ForwardPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Launch the forward; returns ``(y, mean, rstd)`` (statistics only when ``store_stats``)."""
+    """Launch the forward; returns ``(y, mean, rstd)`` (statistics only when ``store_stats``).
+
+    ``plan`` forces a launch plan (tests, benches); by default the GPU times ``forward_plans`` once
+    per shape class and the interpreter uses ``INTERPRETER_PLAN``."""
     x2 = _as_rows(x)
     m, n = x2.shape
     y = _result(x2)
@@ -358,12 +412,17 @@ def layernorm_gelu_forward(
     args = (x2, weight, bias, y, mean, rstd, m, n, x2.stride(0), y.stride(0), eps)
     row_blocks = triton.cdiv(m, consts["BLOCK_M"])
 
-    def launch(warps: int) -> None:
-        programs = _persistent_grid(_fwd_kernel, args, consts, row_blocks, warps, x.device)
-        _fwd_kernel[(programs,)](*args, **consts, num_warps=warps)
+    def launch(chosen: ForwardPlan) -> None:
+        plan_consts = {**consts, **chosen.consts()}
+        programs = row_blocks
+        if chosen.persistent:
+            programs = _persistent_grid(_fwd_kernel, args, plan_consts, row_blocks, chosen.warps, x.device)
+        _fwd_kernel[(programs,)](*args, **plan_consts, num_warps=chosen.warps)
 
-    key = (n, m.bit_length(), x.dtype, approximate, store_stats, str(x.device))
-    launch(_tuned_warps(key, consts, launch) if _on_gpu_device(x.device) else 4)
+    if plan is None and _on_gpu_device(x.device):
+        key = (n, m.bit_length(), x.dtype, approximate, store_stats, str(x.device))
+        plan = _tuned_plan(key, forward_plans(n), launch)
+    launch(plan or INTERPRETER_PLAN)
     return y.to(x.dtype).view(x.shape), (mean if store_stats else None), (rstd if store_stats else None)
 
 

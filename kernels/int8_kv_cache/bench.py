@@ -19,6 +19,7 @@ from microscope_kernels.int8_kv_cache.kernel import (
     decode_attention,
     dequantize_kv,
     int8_decode_attention,
+    last_tuning,
     quantize_kv,
 )
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
@@ -56,9 +57,9 @@ def _correctness(dtype: torch.dtype) -> bool:
         k_d, v_d = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
         truth_deq = eager_decode_attention(q.double(), k_d, v_d)
         limit = 4 * rel(eager_decode_attention(q, k_d.to(dtype), v_d.to(dtype)), truth_deq) + floor
-        for ptx in (True, False):
-            out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx)
-            label = f"int8 {granularity} ptx_dequant={ptx}"
+        for ptx, prefetch in ((True, None), (False, None), (True, True), (True, False)):
+            out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, prefetch=prefetch)
+            label = f"int8 {granularity} ptx_dequant={ptx} prefetch={prefetch}"
             ok = check(f"{label} vs dequantized cache", rel(out, truth_deq), limit) and ok
             ok = check(f"{label} vs unquantized cache (int8 cost)", rel(out, truth), 0.03) and ok
     return ok
@@ -80,6 +81,8 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> list[Row
         for ptx in (True, False):
             name = f"int8_{granularity}" + ("" if ptx else "_portable")
             thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx)
+            thunk()  # the autotuner's first call times every candidate; list them
+            print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in last_tuning()))
             rows.append(Row(shape, name, measure(thunk, f"{name} {shape}"), small,
                             note=f"cache {small / full:.3f}x of {str(dtype).replace('torch.', '')}"))
     return rows

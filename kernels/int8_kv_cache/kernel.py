@@ -118,6 +118,7 @@ def _decode_split_int8_kernel(
     T, split_len, num_splits, qk_scale,
     stride_qbh, stride_kbh, stride_kt, stride_vbh, stride_vt, stride_ksbh, stride_vsbh,
     D: tl.constexpr, BLOCK_T: tl.constexpr, PER_TOKEN: tl.constexpr, PTX_DEQUANT: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
 ):
     """One (split, batch*head) over the int8 cache: online softmax over ``split_len`` tokens.
 
@@ -156,28 +157,39 @@ def _decode_split_int8_kernel(
     acc1 = tl.zeros((BLOCK_T, D // 4), tl.float32)
     acc2 = tl.zeros((BLOCK_T, D // 4), tl.float32)
     acc3 = tl.zeros((BLOCK_T, D // 4), tl.float32)
-    # Software prefetch: the packed words of the next step are loaded before this step's math, so a
-    # program keeps two K/V tiles in flight for a few registers.
-    t = t_start + offs_t
-    ok = t < t_end
-    k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
-    v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
-    ks = tl.full((BLOCK_T,), 1.0, tl.float32)
-    vs = tl.full((BLOCK_T,), 1.0, tl.float32)
-    if PER_TOKEN:
-        ks = tl.load(ks_base + t, mask=ok, other=0.0)
-        vs = tl.load(vs_base + t, mask=ok, other=0.0)
-    for t0 in range(t_start, t_end, BLOCK_T):
-        ok = t0 + offs_t < t_end
-        t_next = t0 + BLOCK_T + offs_t
-        ok_next = t_next < t_end
-        k_next = tl.load(k_base + t_next[:, None] * stride_kt, mask=ok_next[:, None], other=0)
-        v_next = tl.load(v_base + t_next[:, None] * stride_vt, mask=ok_next[:, None], other=0)
-        ks_next = ks
-        vs_next = vs
+    # How each step's HBM read overlaps the previous step's math is a tuning choice. ``PREFETCH``:
+    # the packed words of the next step are loaded into registers before this step's math (two K/V
+    # tiles in flight for a few registers). Otherwise ``STAGES`` > 1 has the compiler pipeline the
+    # loads through shared memory, that many steps deep, with no registers held for them.
+    if PREFETCH:
+        t = t_start + offs_t
+        ok = t < t_end
+        k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
+        v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
+        ks = tl.full((BLOCK_T,), 1.0, tl.float32)
+        vs = tl.full((BLOCK_T,), 1.0, tl.float32)
         if PER_TOKEN:
-            ks_next = tl.load(ks_base + t_next, mask=ok_next, other=0.0)
-            vs_next = tl.load(vs_base + t_next, mask=ok_next, other=0.0)
+            ks = tl.load(ks_base + t, mask=ok, other=0.0)
+            vs = tl.load(vs_base + t, mask=ok, other=0.0)
+    for t0 in tl.range(t_start, t_end, BLOCK_T, num_stages=STAGES):
+        ok = t0 + offs_t < t_end
+        if PREFETCH:
+            t_next = t0 + BLOCK_T + offs_t
+            ok_next = t_next < t_end
+            k_next = tl.load(k_base + t_next[:, None] * stride_kt, mask=ok_next[:, None], other=0)
+            v_next = tl.load(v_base + t_next[:, None] * stride_vt, mask=ok_next[:, None], other=0)
+            ks_next = ks
+            vs_next = vs
+            if PER_TOKEN:
+                ks_next = tl.load(ks_base + t_next, mask=ok_next, other=0.0)
+                vs_next = tl.load(vs_base + t_next, mask=ok_next, other=0.0)
+        else:
+            t = t0 + offs_t
+            k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
+            v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
+            if PER_TOKEN:
+                ks = tl.load(ks_base + t, mask=ok, other=0.0)
+                vs = tl.load(vs_base + t, mask=ok, other=0.0)
         k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
         s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
         if PER_TOKEN:
@@ -200,7 +212,8 @@ def _decode_split_int8_kernel(
         acc1 += p[:, None] * v1
         acc2 += p[:, None] * v2
         acc3 += p[:, None] * v3
-        k_raw, v_raw, ks, vs = k_next, v_next, ks_next, vs_next
+        if PREFETCH:
+            k_raw, v_raw, ks, vs = k_next, v_next, ks_next, vs_next
     out_ptr = PART_ACC + (bh * num_splits + split) * D + w * 4
     tl.store(out_ptr, tl.sum(acc0, axis=0))
     tl.store(out_ptr + 1, tl.sum(acc1, axis=0))
@@ -278,10 +291,25 @@ def _decode_merge_kernel(
 #: programs per SM, each with two packed K/V tiles in flight: ~64 KB per SM, above the ~25 KB that
 #: Little's law asks of 4.5 TB/s at ~700 ns), and the larger tiles at ~230.
 _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
+#: (PREFETCH, STAGES): the register prefetch, or the compiler's shared-memory pipeline 3 or 4 steps
+#: deep (4 only for tiles of <= 64 tokens: 128 x 128 int8 x K and V x 4 stages would be 128 KB).
+_OVERLAPS = ((True, 1), (False, 3), (False, 4))
 _SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt, w in _SPLIT_SHAPES]
+_INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "PREFETCH": prefetch, "STAGES": stages}, num_warps=w)
+                       for bt, w in _SPLIT_SHAPES for prefetch, stages in _OVERLAPS if stages < 4 or bt <= 64]
 _INT8_KEY = ["split_len", "D", "PER_TOKEN", "PTX_DEQUANT"]
-_split_int8_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
+_split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
 _split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
+
+def last_tuning() -> list[tuple[str, float]]:
+    """(config, ms) of every candidate in the int8 split kernel's most recent autotuning, fastest
+    first, for bench reports (empty before the first tuning, or if triton keeps no timings)."""
+    def ms(timing: object) -> float:
+        return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
+
+    timings = getattr(_split_int8_tuned, "configs_timings", None) or {}
+    return [(str(config), ms(t)) for config, t in sorted(timings.items(), key=lambda kv: ms(kv[1]))]
+
 
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
 MAX_SPLITS = 128
@@ -365,13 +393,16 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
 def int8_decode_attention(
     q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
     granularity: str, sm_scale: float | None = None, split_len: int | None = None,
-    ptx_dequant: bool | None = None,
+    ptx_dequant: bool | None = None, prefetch: bool | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
 
     q: (B, H, D); k_q, v_q: (B, H, T, D) int8 from ``quantize_kv``; scales (B, H, T) for
     ``granularity="token"`` or (B, H, D) for ``"channel"``. Returns (B, H, D) in q's dtype.
     ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
+    ``prefetch`` (tests) forces the load overlap: True the register prefetch, False the compiler's
+    3-stage pipeline, on a fixed tile; by default the GPU autotunes it with the tile, and the
+    interpreter runs the register prefetch.
     """
     _check_shapes(q, k_q, v_q)
     if k_q.dtype != torch.int8 or v_q.dtype != torch.int8:
@@ -390,12 +421,16 @@ def int8_decode_attention(
     args = (q, k_words, v_words, k_scale, v_scale, part_acc, part_ml, t, split_len, num_splits, qk_scale,
             q.stride(1), k_words.stride(1), k_words.stride(2), v_words.stride(1), v_words.stride(2),
             k_scale.stride(1), v_scale.stride(1))
-    if _on_gpu(q):
+    grid = (num_splits, b * h)
+    if _on_gpu(q) and prefetch is None:
         ptx = True if ptx_dequant is None else ptx_dequant
-        _split_int8_tuned[(num_splits, b * h)](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+        _split_int8_tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
     else:
-        _decode_split_int8_kernel[(num_splits, b * h)](*args, D=d, BLOCK_T=_INTERP_BLOCK_T,
-                                                       PER_TOKEN=per_token, PTX_DEQUANT=False, num_warps=4)
+        ptx = _on_gpu(q) and ptx_dequant is not False
+        forced = True if prefetch is None else prefetch
+        _decode_split_int8_kernel[grid](*args, D=d, BLOCK_T=64 if _on_gpu(q) else _INTERP_BLOCK_T,
+                                        PER_TOKEN=per_token, PTX_DEQUANT=ptx, PREFETCH=forced,
+                                        STAGES=1 if forced else 3, num_warps=4)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 

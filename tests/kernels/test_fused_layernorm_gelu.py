@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 from microscope_kernels.fused_layernorm_gelu.ablation import FusedLayerNormGelu
-from microscope_kernels.fused_layernorm_gelu.kernel import _tile_shape, layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.kernel import (
+    ForwardPlan,
+    _tile_shape,
+    forward_plans,
+    layernorm_gelu,
+    layernorm_gelu_forward,
+)
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 
 from microscope.api import DTYPES, Role
@@ -78,6 +84,31 @@ def test_constant_rows_give_gelu_of_bias(seed):
     expected = torch.nn.functional.gelu(b, approximate="tanh").expand_as(y)
     assert torch.allclose(y, expected, rtol=1e-6, atol=1e-6), f"seed {seed}"
     check_against_float64(x, w, b, dy, "tanh", torch.float32, seed)
+
+
+@pytest.mark.parametrize("plan", [ForwardPlan(4, persistent=False), ForwardPlan(4, persistent=True, prefetch=True),
+                                  ForwardPlan(8, persistent=True, stages=3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_forward_plan_matches_float64(plan, dtype, seed):
+    """The GPU picks among these plans by timing: each must compute the same thing (here on more
+    row tiles than programs, with a ragged last tile and a row length that is not a power of two)."""
+    x, w, b, _ = make_inputs((67, 300), seed)
+    x, w, b = (t.to(dtype) for t in (x, w, b))
+    y, mean, rstd = layernorm_gelu_forward(x, w, b, 1e-5, "tanh", store_stats=True, plan=plan)
+    truth = layernorm_gelu_eager(x.double(), w.double(), b.double(), 1e-5, "tanh")
+    eager = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
+    assert rel_err(y, truth) <= 4 * rel_err(eager, truth) + torch.finfo(dtype).eps, f"{plan}, seed {seed}"
+    assert torch.allclose(mean.double(), x.double().mean(-1), atol=1e-5), f"{plan}, seed {seed}"
+    var = x.double().var(-1, unbiased=False)
+    assert torch.allclose(rstd.double(), (var + 1e-5).rsqrt(), rtol=1e-4), f"{plan}, seed {seed}"
+
+
+def test_forward_plans_cover_every_overlap_at_sane_warp_counts():
+    plans = forward_plans(4096)
+    assert {p.warps for p in plans} == {4, 8, 16}  # 32, 16 and 8 fp32 values per thread
+    assert {(p.persistent, p.prefetch, p.stages) for p in plans} == {(False, False, 1), (True, True, 1),
+                                                                    (True, False, 3)}
+    assert {p.warps for p in forward_plans(300)} == {4, 8}  # tiles of 4 stacked 512-wide rows: 16 or 8 a thread
 
 
 def test_inference_call_matches_training_call(seed):

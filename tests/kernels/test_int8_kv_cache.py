@@ -99,15 +99,18 @@ def test_unquantized_decode_matches_float64(dtype, seed):
     assert rel_err(out, truth) <= limit, f"seed {seed}"
 
 
-@pytest.mark.parametrize("tokens,split_len", [(5, None), (16, 16), (33, 16), (97, 48), (97, 400)])
-def test_split_boundaries(tokens, split_len, seed):
-    """Fewer tokens than a block, splits that end mid-block, one split: all the same attention."""
+@pytest.mark.parametrize("prefetch", [True, False], ids=["register-prefetch", "compiler-pipeline"])
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+@pytest.mark.parametrize("tokens,split_len", [(5, None), (16, 16), (33, 16), (97, 48), (97, 400), (300, 256)])
+def test_split_boundaries(tokens, split_len, granularity, prefetch, seed):
+    """Fewer tokens than a block, splits that end mid-block, one split: all the same attention,
+    with either way of overlapping the loads (the GPU autotunes between them)."""
     q, k, v = qkv(1, 2, tokens, 32, seed, torch.float32)
-    k_q, k_s = quantize_kv(k, "token")
-    v_q, v_s = quantize_kv(v, "token")
-    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, "token", split_len=split_len)
-    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
-                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    k_q, k_s = quantize_kv(k, granularity)
+    v_q, v_s = quantize_kv(v, granularity)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, split_len=split_len, prefetch=prefetch)
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
+                                   dequantize_kv(v_q, v_s, granularity, torch.float64))
     assert rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
