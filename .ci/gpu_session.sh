@@ -5,10 +5,12 @@
 #   bash .ci/gpu_session.sh catalogue               # the catalogue plugins' operator configs through microscope
 #   bash .ci/gpu_session.sh tests                   # the GPU-marked tests, and the kernel tests on the GPU
 #   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
+#   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
-# run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120). The catalogue's
+# run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120), CATALOGUE_LIMIT
+# each catalogue operator run's (120), KERNEL_TEST_LIMIT the GPU kernel tests' (240). The catalogue's
 # model-level configs run as run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
@@ -41,9 +43,12 @@ flash() {
   step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress \
     --set instrument.profile.enabled=true instrument.graph_diff=true instrument.tensorboard=true
 }
+bench() {  # bench ROOM
+  step "bench-$1" "${BENCH_LIMIT:-120}" python3 -m "microscope_kernels.$1.bench"
+}
 benches() {
   for room in fused_layernorm_gelu safe_softmax int8_kv_cache; do
-    step "bench-$room" "${BENCH_LIMIT:-120}" python3 -m "microscope_kernels.$room.bench"
+    bench "$room"
   done
 }
 planted() {
@@ -62,7 +67,7 @@ model() {
 }
 catalogue() {  # the catalogue plugins through microscope, operator level, on the cuda profile's shapes
   for name in fused_layernorm_gelu safe_softmax int8_kv_cache; do
-    step "run-$name" 120 microscope run "ablations/$name.yaml" --device cuda --no-progress
+    step "run-$name" "${CATALOGUE_LIMIT:-120}" microscope run "ablations/$name.yaml" --device cuda --no-progress
   done
 }
 tests() {  # the GPU-marked tests, then every kernel test natively on the GPU (CI runs them interpreted)
@@ -74,7 +79,9 @@ for part in "${parts[@]}"; do
   case "$part" in
     flash | benches | planted | model | catalogue | tests) "$part" ;;
     run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
-    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, run:CONFIG)" | tee -a "$log" ;;
+    bench:*) bench "${part#bench:}" ;;  # one room's bench, e.g. bench:int8_kv_cache
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, run:CONFIG, bench:ROOM)" |
+      tee -a "$log" ;;
   esac
 done
 grep -E "^=== " "$log"

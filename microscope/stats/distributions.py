@@ -43,6 +43,8 @@ __all__ = [
     "count_loss_spikes",
     "count_nonfinite",
     "grad_norm_cv",
+    "seeds_to_decide",
+    "smallest_mannwhitney_p",
 ]
 
 
@@ -148,6 +150,10 @@ def compare_distributions(
             verdict = "worse" if higher == lower_is_better else "better"
     else:
         verdict = "inconclusive"
+        floor = smallest_mannwhitney_p(b.size, c.size)
+        if floor >= alpha:
+            notes.append(f"{b.size} vs {c.size} seeds cannot decide: Mann-Whitney's smallest p here is "
+                         f"{floor:.2g} >= alpha {alpha:g}; run >= {seeds_to_decide(alpha)} seeds per variant")
     return DistributionComparison(
         verdict=verdict,
         statistic=statistic,
@@ -164,6 +170,21 @@ def compare_distributions(
         lower_is_better=lower_is_better,
         notes=tuple(notes),
     )
+
+
+def smallest_mannwhitney_p(n_base: int, n_cand: int) -> float:
+    """The smallest two-sided exact Mann-Whitney p that ``n_base`` vs ``n_cand`` values can give
+    (complete separation): 2 / C(n_base + n_cand, n_base). With 3 seeds a side it is 0.1, so no
+    3-seed comparison can be called different at alpha 0.05 however large the effect."""
+    return min(1.0, 2.0 / math.comb(n_base + n_cand, n_base))
+
+
+def seeds_to_decide(alpha: float) -> int:
+    """Fewest seeds per variant at which Mann-Whitney can reach p < ``alpha`` (4 at 0.05)."""
+    n = 2
+    while smallest_mannwhitney_p(n, n) >= alpha:
+        n += 1
+    return n
 
 
 def grad_norm_cv(grad_norms: ArrayLike) -> float:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from microscope.stats import compare_distributions, count_loss_spikes, count_nonfinite, grad_norm_cv
+from microscope.stats.distributions import seeds_to_decide, smallest_mannwhitney_p
 
 BASE_SPIKES = [0, 1, 0, 2, 1, 0, 1, 0]
 CAND_SPIKES = [3, 4, 2, 5, 3, 4, 6, 3]
@@ -70,3 +71,16 @@ def test_per_seed_summaries():
     assert count_loss_spikes(loss) == 2
     assert count_loss_spikes(loss, threshold=0.2) == 3
     assert count_loss_spikes([10.0, 1.0, 1.0]) == 0  # too little history to judge
+
+
+def test_three_seeds_say_how_many_seeds_would_decide():
+    """3 vs 3 completely separated seeds: Mann-Whitney's p is 0.1 at best, so however large the
+    shift the verdict stays inconclusive, and the note says why and what would decide."""
+    assert smallest_mannwhitney_p(3, 3) == pytest.approx(0.1)
+    assert smallest_mannwhitney_p(4, 4) == pytest.approx(2 / 70)
+    assert seeds_to_decide(0.05) == 4 and seeds_to_decide(0.01) == 5
+    three = compare_distributions([1.0, 1.1, 1.2], [5.0, 5.1, 5.2], n_boot=500)
+    assert three.verdict == "inconclusive" and three.p == pytest.approx(0.1)
+    assert any("run >= 4 seeds per variant" in n for n in three.notes), three.notes
+    four = compare_distributions([1.0, 1.1, 1.2, 1.3], [5.0, 5.1, 5.2, 5.3], n_boot=500)
+    assert four.verdict == "worse" and not any("cannot decide" in n for n in four.notes)
