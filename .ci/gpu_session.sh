@@ -66,7 +66,7 @@ model() {
   model_run mixed_precision
 }
 catalogue() {  # the catalogue plugins through microscope, operator level, on the cuda profile's shapes
-  for name in fused_layernorm_gelu safe_softmax int8_kv_cache; do
+  for name in fused_layernorm_gelu int8_kv_cache safe_softmax; do
     step "run-$name" "${CATALOGUE_LIMIT:-120}" microscope run "ablations/$name.yaml" --device cuda --no-progress
   done
 }
