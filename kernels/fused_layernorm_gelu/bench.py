@@ -91,9 +91,11 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     }
     rows: list[Row] = []
     plan_rows: list[Row] = []
+    same_size_copy: dict[str, float] = {}
     for m, n in SHAPES:
         x, w, b, dy = _inputs(m, n, dtype)
         size = m * n * dtype.itemsize
+        same_size_copy[f"fwd {m}x{n}"] = same_size_copy[f"bwd {m}x{n}"] = copy_bandwidth_gbps(size)
         for name, fn in variants.items():
             try:
                 forward, backward = _thunks(fn, x, w, b, dy, args.approximate)
@@ -109,8 +111,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         del x, w, b, dy
         torch.cuda.empty_cache()
     print_table(f"fused_layernorm_gelu {args.dtype} {args.approximate}: fwd bytes = read x + write y; "
-                f"bwd = read x, dy + write dx", rows, copy_gbps, peers=["torch.compile", "eager"])
-    print_table("forward launch plans (inference call, no statistics)", plan_rows, copy_gbps, peers=[])
+                f"bwd = read x, dy + write dx", rows, copy_gbps, peers=["torch.compile", "eager"],
+                same_size_copy=same_size_copy)
+    print_table("forward launch plans (inference call, no statistics)", plan_rows, copy_gbps, peers=[],
+                same_size_copy=same_size_copy)
     for key, plan in tuned_forward_plans().items():
         print(f"   forward plan chosen for key {key}: {plan}")
     return rows

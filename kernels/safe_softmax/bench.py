@@ -14,7 +14,7 @@ import argparse
 import datetime
 import platform
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,10 +74,17 @@ def check(label: str, error: float, limit: float) -> bool:
     return ok
 
 
-def print_table(title: str, rows: Sequence[Row], copy_gbps: float, peers: Sequence[str]) -> None:
-    """case | variant | ms | GB/s | fraction of copy bandwidth | speedup vs each peer (same case)."""
+def print_table(title: str, rows: Sequence[Row], copy_gbps: float, peers: Sequence[str],
+                same_size_copy: Mapping[str, float] | None = None) -> None:
+    """case | variant | ms | GB/s | fraction of copy bandwidth | speedup vs each peer (same case).
+
+    ``same_size_copy`` (case -> GB/s of a copy of that case's tensor, measured in the same run) adds a
+    column against it: a 128 MB copy runs below the 1 GiB copy's rate (launch, ramp-up and tail are
+    a larger share), and it is the ceiling for a kernel that moves exactly that tensor.
+    """
     print(f"\n{title} (copy bandwidth {copy_gbps:.0f} GB/s)")
     head = f"{'case':<28} {'variant':<22} {'ms':>9} {'GB/s':>8} {'of copy':>8}"
+    head += f" {'of same-size copy':>18}" if same_size_copy else ""
     head += "".join(f" {'vs ' + p:>14}" for p in peers)
     print(head)
     by_case: dict[str, dict[str, Row]] = {}  # insertion-ordered: cases in the order first measured
@@ -89,6 +96,8 @@ def print_table(title: str, rows: Sequence[Row], copy_gbps: float, peers: Sequen
             continue
         gbps = row.nbytes / (row.ms * 1e-3) / 1e9
         line = f"{row.case:<28} {row.variant:<22} {row.ms:9.4f} {gbps:8.0f} {gbps / copy_gbps:8.1%}"
+        if same_size_copy:
+            line += f" {gbps / same_size_copy[row.case]:18.1%}" if row.case in same_size_copy else f" {'-':>18}"
         for p in peers:
             other = by_case[row.case].get(p)
             line += f" {other.ms / row.ms:13.2f}x" if other and other.ms else f" {'-':>14}"
