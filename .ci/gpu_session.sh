@@ -70,9 +70,13 @@ catalogue() {  # the catalogue plugins through microscope, operator level, on th
     step "run-$name" "${CATALOGUE_LIMIT:-120}" microscope run "ablations/$name.yaml" --device cuda --no-progress
   done
 }
-tests() {  # the GPU-marked tests, then every kernel test natively on the GPU (CI runs them interpreted)
+# The kernel tests that put their tensors on the GPU when one is present (CI runs them interpreted).
+KERNEL_TESTS=(tests/kernels/test_flash_attn_kernel.py tests/kernels/test_fused_layernorm_gelu.py
+  tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
+tests() {  # the GPU-marked tests, then every kernel test natively on the GPU
   step gpu-tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider
-  step gpu-kernel-tests "${KERNEL_TEST_LIMIT:-240}" python3 -m pytest tests/kernels -q -p no:cacheprovider --maxfail=10
+  step gpu-kernel-tests "${KERNEL_TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider --maxfail=10 \
+    "${KERNEL_TESTS[@]}"
 }
 
 for part in "${parts[@]}"; do

@@ -1,7 +1,7 @@
 """Model level of the catalogue kernels: the int8 KV cache in generation, the fused LayerNorm+GELU in the MLP.
 
-Kernels run through the Triton interpreter on CPU, so models stay tiny; every comparison is against
-the model's own eager path on the same weights.
+Kernels run through the Triton interpreter on CPU (compiled, on a GPU host), so models stay tiny;
+every comparison is against the model's own eager path on the same weights.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from microscope.workloads import (
 )
 
 SMALL = ModelConfig(n_layers=2, d_model=64, n_heads=2, context=32)
+#: Where the Triton kernels can run: compiled on a GPU host, interpreted (with CPU tensors) elsewhere.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _tokens(seed: int, rows: int = 2, length: int = 24) -> torch.Tensor:
-    return torch.randint(0, 256, (rows, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, 256, (rows, length), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
 # -- int8 KV cache -----------------------------------------------------------------------------------
@@ -34,7 +36,7 @@ def _tokens(seed: int, rows: int = 2, length: int = 24) -> torch.Tensor:
 
 @pytest.mark.parametrize("cache_cls", [Int8KVCache, UnfusedInt8KVCache])
 def test_int8_cache_decodes_close_to_the_models_own_cache(cache_cls, seed):
-    model = build_model(SMALL, seed=seed % 1000)
+    model = build_model(SMALL, seed=seed % 1000, device=DEVICE)
     tokens = _tokens(seed)
     own = score_through_cache(model, tokens, 12)
     model.cache_cls = cache_cls
@@ -52,7 +54,7 @@ def test_int8_cache_decodes_close_to_the_models_own_cache(cache_cls, seed):
 
 
 def test_fused_and_unfused_int8_caches_give_the_same_logits(seed):
-    model = build_model(SMALL, seed=seed % 1000)
+    model = build_model(SMALL, seed=seed % 1000, device=DEVICE)
     prompt = _tokens(seed, length=16)
     logits = {}
     for cls in (Int8KVCache, UnfusedInt8KVCache):
@@ -63,7 +65,7 @@ def test_fused_and_unfused_int8_caches_give_the_same_logits(seed):
 
 
 def test_int8_cache_honours_the_models_attention_scale(seed):
-    model = build_model(SMALL, seed=seed % 1000)
+    model = build_model(SMALL, seed=seed % 1000, device=DEVICE)
     model.set_attention(EagerAttention(scale=0.05))
     prompt = _tokens(seed, length=12)
     outs = {}
@@ -118,13 +120,13 @@ def test_fused_norm_gelu_takes_over_the_same_parameters():
 
 
 def test_fused_norm_gelu_model_matches_the_eager_model_forward_and_backward(seed):
-    eager, fused = build_model(GELU_NORM, seed=seed % 1000), build_model(GELU_NORM, seed=seed % 1000)
+    eager, fused = (build_model(GELU_NORM, seed=seed % 1000, device=DEVICE) for _ in range(2))
     with torch.no_grad():  # non-trivial norm parameters, the same in both models
         gen = torch.Generator().manual_seed(seed)
         for a, b in zip(eager.blocks, fused.blocks, strict=True):
             assert isinstance(a.mlp.act, NormGelu)
-            a.mlp.act.weight.copy_(1 + 0.2 * torch.randn(a.mlp.act.weight.shape, generator=gen))
-            a.mlp.act.bias.copy_(0.2 * torch.randn(a.mlp.act.bias.shape, generator=gen))
+            a.mlp.act.weight.copy_(1 + 0.2 * torch.randn(a.mlp.act.weight.shape, generator=gen).to(DEVICE))
+            a.mlp.act.bias.copy_(0.2 * torch.randn(a.mlp.act.bias.shape, generator=gen).to(DEVICE))
             b.mlp.act.load_state_dict(a.mlp.act.state_dict())
     use_fused_norm_gelu(fused)
     tokens = _tokens(seed, length=21)  # 42 rows of 256 hidden units: a partial row block

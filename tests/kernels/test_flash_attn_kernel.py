@@ -1,4 +1,5 @@
-"""flash_attention (forward and gradients) vs float64 eager attention, via the Triton interpreter on CPU.
+"""flash_attention (forward and gradients) vs float64 eager attention: the Triton interpreter on CPU, the
+compiled kernel on a GPU host.
 
 Every test draws fresh random inputs from a new seed, printed in any failure message; rerun one case with
 ``MICROSCOPE_TEST_SEED=<seed>``. Errors are judged relative to the error eager attention itself makes in the
@@ -21,6 +22,8 @@ from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.peers import PEERS, sdpa_math
 from microscope_kernels.flash_attn.reference import causal_visible, eager_attention
 
+#: Compiled kernels on a GPU host; the Triton interpreter with CPU tensors elsewhere (CI).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
 REF_FACTOR = 4.0
@@ -48,7 +51,7 @@ def _inputs(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, q_sc
     q, k, v, do = (torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes)
     # Keys growing along the sequence make the running max jump between tiles (the rescaling paths).
     k = k * torch.linspace(0.5, 1.5, sk, dtype=torch.float64)[:, None]
-    return [t.to(dtype) for t in (q * q_scale, k, v, do)]
+    return [t.to(device=DEVICE, dtype=dtype) for t in (q * q_scale, k, v, do)]
 
 
 def assert_as_accurate_as_eager(sq: int, sk: int, head_dim: int, dtype: torch.dtype, causal: bool,
@@ -110,7 +113,7 @@ def test_non_contiguous_inputs_and_custom_scale() -> None:
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     # (B, S, H, D) projections viewed as (B, H, S, D): not contiguous.
-    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).transpose(1, 2) for _ in range(3))
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).to(DEVICE).transpose(1, 2) for _ in range(3))
     got = flash_attention(q, k, v, causal=True, sm_scale=0.3)
     ref = eager_attention(q.double(), k.double(), v.double(), causal=True, sm_scale=0.3)
     assert _rel(got, ref) < 1e-5, f"MICROSCOPE_TEST_SEED={seed}"
