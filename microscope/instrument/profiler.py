@@ -144,13 +144,28 @@ def _aggregate(items: Iterable[tuple[str, float, float, str]], kind: str) -> lis
     return sorted(table.values(), key=lambda s: -s.self_us)
 
 
+def _is_device_work(evt: Any, cpu_names: set[str]) -> bool:
+    """A kernel, memcpy or memset on the device, not a mirror of a CPU range.
+
+    On a GPU, Kineto mirrors every ``record_function`` range that launched device work onto the
+    device timeline (a "gpu_user_annotation" spanning its kernels). Counted as device work, the
+    ``triton::<name>`` label around a Triton launch doubled that kernel's calls and time (seen on the
+    H200). Mirrors are flagged ``is_user_annotation`` (where torch has the flag) and carry the CPU
+    range's name; no kernel is named like a CPU event (``aten::mul`` launches ``..._kernel``).
+    """
+    if evt.device_type == DeviceType.CPU or evt.name.startswith("ProfilerStep"):
+        return False
+    return not getattr(evt, "is_user_annotation", False) and evt.name not in cpu_names
+
+
 def _tables(events: list[Any]) -> tuple[list[OpStat], list[OpStat], list[OpStat]]:
+    cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
     launcher: dict[str, str] = {}
     for evt in events:
         if evt.device_type == DeviceType.CPU and evt.name.startswith("aten::"):
             for kernel in getattr(evt, "kernels", ()) or ():
                 launcher.setdefault(kernel.name, evt.name)
-    device = [e for e in events if e.device_type != DeviceType.CPU and not e.name.startswith("ProfilerStep")]
+    device = [e for e in events if _is_device_work(e, cpu_names)]
     kernels = _aggregate(((readable_kernel_name(e.name, launcher.get(e.name)), _self_device_us(e),
                            _self_device_us(e), e.name) for e in device), "kernel")
     cpu_ops = [e for e in events if _is_op(e)]

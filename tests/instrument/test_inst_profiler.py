@@ -2,12 +2,15 @@
 
 import gzip
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.autograd import DeviceType
 
 from microscope.instrument import ProfileConfig, diff_profiles, profile_variant, readable_kernel_name
+from microscope.instrument.profiler import _tables
 
 CFG = ProfileConfig(enabled=True, wait=1, warmup=1, active=2)
 N = 4096
@@ -133,6 +136,26 @@ def test_interpreted_or_compiled_triton_kernel_is_a_named_op(tmp_path):
 )
 def test_readable_kernel_names(raw, launcher, expected):
     assert readable_kernel_name(raw, launcher) == expected
+
+
+def _event(name, device_type, self_us=0.0, annotation=False):
+    return SimpleNamespace(name=name, device_type=device_type, is_user_annotation=annotation, kernels=(),
+                           self_device_time_total=self_us, self_cpu_time_total=1.0, cpu_time_total=1.0,
+                           cpu_parent=None)
+
+
+@pytest.mark.parametrize("flagged", [True, False], ids=["flagged", "name-only"])
+def test_device_mirrors_of_cpu_ranges_are_not_kernels(flagged):
+    """On a GPU the ``triton::<name>`` range around a launch is mirrored onto the device timeline;
+    counting the mirror as a kernel doubled the Triton kernel's calls and time (H200). Whether or
+    not torch flags the mirror, the kernel table holds the kernel once."""
+    events = [_event("triton::mul_gelu_add", DeviceType.CPU, annotation=True),
+              _event("triton::mul_gelu_add", DeviceType.CUDA, 18.0, annotation=flagged),
+              _event("mul_gelu_add", DeviceType.CUDA, 18.0),
+              _event("Memcpy DtoD (Device -> Device)", DeviceType.CUDA, 2.0)]
+    kernels, ops, _ = _tables(events)
+    assert {(k.name, k.count, k.self_us) for k in kernels} == {("mul_gelu_add", 1, 18.0), ("Memcpy DtoD", 1, 2.0)}
+    assert [o.name for o in ops] == ["triton::mul_gelu_add"]
 
 
 @pytest.mark.gpu
