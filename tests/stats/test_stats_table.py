@@ -253,6 +253,23 @@ def test_problem_records_never_crash_the_table():
     assert got[("c", "latency_ms", "ref")] == ("skipped", "baseline skipped: needs cuda")
 
 
+def test_a_numerics_check_stands_when_the_baseline_failed():
+    """safe_softmax's naive baseline overflows at large logits by design; the candidate's own check
+    against float64 still decides its row (it was reported as "failed" with the baseline's reason)."""
+    acc = {"dimension": "accuracy", "metric": "out.rel_err"}
+    recs = [
+        record(variant="naive", role="baseline", value=None, status="failed", passed=False,
+               reason="out has 12 NaN/Inf elements", **acc),
+        record(variant="triton", role="candidate", value=0.002, passed=True, **acc),
+        record(variant="bad", role="candidate", value=0.9, passed=False, details={"reasons": ["rel err 0.9"]}, **acc),
+    ]
+    df = compare_records(pd.json_normalize(recs, max_level=1), n_boot=100)
+    got = {r.candidate: r for r in df.itertuples()}
+    assert got["triton"].verdict == "pass" and got["bad"].verdict == "fail"
+    assert "baseline failed: out has 12 NaN/Inf elements" in got["triton"].notes
+    assert np.isnan(got["triton"].ratio_or_delta) and got["triton"].candidate_value == 0.002
+
+
 def test_deterministic_and_accepts_unnormalized_records():
     recs = run_records()
     a = compare_records(pd.json_normalize(recs, max_level=1), n_boot=300, seed=5)
