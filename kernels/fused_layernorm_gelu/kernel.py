@@ -137,7 +137,7 @@ def _fwd_kernel(
 ):
     """Each program keeps weight/bias in fp32 registers and walks row tiles with a stride of the
     grid size. How the next tile's HBM read overlaps this one's math is a launch choice
-    (``_forward_plans``): with one program per tile the loop runs once and other programs cover the
+    (``forward_plans``): with one program per tile the loop runs once and other programs cover the
     latency; on a persistent grid either ``PREFETCH`` loads the next tile into registers before
     computing the current one, or ``STAGES`` > 1 lets the compiler pipeline the loads through shared
     memory that many tiles deep."""

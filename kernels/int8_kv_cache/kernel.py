@@ -288,8 +288,8 @@ def _decode_merge_kernel(
 # -- launch configuration --------------------------------------------------------------------------
 #: (BLOCK_T, num_warps) candidates. At D = 128 each thread holds 32 to 64 values of the four
 #: accumulator tiles; sm_90 compiles put (32, 4) and (64, 8) at ~124 registers (4 resp. 2 resident
-#: programs per SM, each with two packed K/V tiles in flight: ~64 KB per SM, above the ~25 KB that
-#: Little's law asks of 4.5 TB/s at ~700 ns), and the larger tiles at ~230.
+#: programs per SM, each with two packed K/V tiles in flight under the register prefetch: ~64 KB per
+#: SM, above the ~25 KB that Little's law asks of 4.5 TB/s at ~700 ns), and the larger tiles at ~230.
 _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
 #: (PREFETCH, STAGES): the register prefetch, or the compiler's shared-memory pipeline 3 or 4 steps
 #: deep (4 only for tiles of <= 64 tokens: 128 x 128 int8 x K and V x 4 stages would be 128 KB).
@@ -300,6 +300,7 @@ _INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "PREFETCH": prefetch, "STAG
 _INT8_KEY = ["split_len", "D", "PER_TOKEN", "PTX_DEQUANT"]
 _split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
 _split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
+
 
 def last_tuning() -> list[tuple[str, float]]:
     """(config, ms) of every candidate in the int8 split kernel's most recent autotuning, fastest
