@@ -10,9 +10,9 @@
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
 # run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120), CATALOGUE_LIMIT
-# each catalogue operator run's (120), GPU_TEST_LIMIT the GPU-marked tests' (420), KERNEL_TEST_LIMIT the GPU
-# kernel tests' (240). The catalogue's
-# model-level configs run as run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
+# each catalogue operator run's (120), GPU_TEST_LIMIT the GPU-marked tests' (420), KERNEL_TEST_LIMIT the
+# GPU kernel tests' (240). The catalogue's model-level configs run as run:int8_kv_cache_model and
+# run:fused_layernorm_gelu_model.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
