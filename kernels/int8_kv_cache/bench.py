@@ -3,8 +3,9 @@
 Checks correctness on the GPU first, measures copy bandwidth in the same process, then times one
 decode step (one query token per batch and head) for SDPA and eager attention over the bf16 cache,
 the same split-K Triton kernel over the bf16 cache, and the int8 kernel (PTX and portable
-dequantization). GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales).
-``main()`` returns the rows so one process can run all the rooms' benches.
+dequantization). GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). A
+last table times the per-token kernel at several split lengths. ``main()`` returns the rows so one
+process can run all the rooms' benches.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import functools
 from collections.abc import Sequence
 
 import torch
+import triton
 from microscope_kernels.int8_kv_cache.kernel import (
+    MAX_SPLITS,
     cache_bytes,
+    choose_split_len,
     decode_attention,
     dequantize_kv,
     int8_decode_attention,
     last_tuning,
     quantize_kv,
+    tuned_split_config,
 )
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
 from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
@@ -65,8 +70,9 @@ def _correctness(dtype: torch.dtype) -> bool:
     return ok
 
 
-def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> list[Row]:
-    """Every variant on one cache shape (a function, so the caches are freed when it returns)."""
+def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> tuple[list[Row], list[Row]]:
+    """Every variant on one cache shape (a function, so the caches are freed when it returns), and
+    the per-token kernel at other split lengths than ``choose_split_len``'s."""
     q, k, v = _cache(b, h, t, d, dtype)
     full = cache_bytes(b, h, t, d, None, dtype=dtype)
     shape = f"B{b} H{h} T{t} D{d}"
@@ -85,6 +91,27 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> list[Row
             print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in last_tuning()))
             rows.append(Row(shape, name, measure(thunk, f"{name} {shape}"), small,
                             note=f"cache {small / full:.3f}x of {str(dtype).replace('torch.', '')}"))
+    return rows, _split_sweep(q, k, v, shape)
+
+
+def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
+    """The per-token int8 kernel at split lengths 256..8192 (each autotuned on its own): how much the
+    fixed ~16-waves choice of ``choose_split_len`` leaves on the table."""
+    b, h, t, d = k.shape
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    small = cache_bytes(b, h, t, d, "token")
+    chosen = choose_split_len(t, b * h, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    rows = []
+    for split_len in (256, 512, 1024, 2048, 4096, 8192):
+        if split_len > t or triton.cdiv(t, split_len) > MAX_SPLITS:
+            continue
+        thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, "token", split_len=split_len)
+        thunk()  # autotune this split length first
+        best = tuned_split_config(split_len, d, per_token=True) or "?"
+        note = ("the default; " if split_len == chosen else "") + f"best config: {best}"
+        rows.append(Row(f"{shape} int8_token", f"split_len {split_len} ({triton.cdiv(t, split_len)} splits)",
+                        measure(thunk, f"split {split_len} {shape}"), small, note=note))
     return rows
 
 
@@ -97,11 +124,16 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     _correctness(dtype)
     copy_gbps = copy_bandwidth_gbps(1 << 30)
     rows: list[Row] = []
+    sweep: list[Row] = []
     for shape in SHAPES:
-        rows += _bench_shape(*shape, dtype)
+        shape_rows, shape_sweep = _bench_shape(*shape, dtype)
+        rows += shape_rows
+        sweep += shape_sweep
         torch.cuda.empty_cache()
     print_table(f"int8_kv_cache decode: bytes = the cache each variant reads ({args.dtype} K+V, or int8 + "
                 f"fp32 scales)", rows, copy_gbps, peers=["sdpa", "eager"])
+    print_table("int8 per-token decode by split length (tokens per program; each autotuned)", sweep, copy_gbps,
+                peers=[])
     return rows
 
 

@@ -312,6 +312,16 @@ def last_tuning() -> list[tuple[str, float]]:
     return [(str(config), ms(t)) for config, t in sorted(timings.items(), key=lambda kv: ms(kv[1]))]
 
 
+def tuned_split_config(split_len: int, head_dim: int, per_token: bool, ptx_dequant: bool = True) -> str | None:
+    """The int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
+    Triton's cache keys start with the ``_INT8_KEY`` values in order."""
+    wanted = (split_len, head_dim, per_token, ptx_dequant)
+    for key, config in _split_int8_tuned.cache.items():
+        if tuple(key[:len(wanted)]) == wanted:
+            return str(config)
+    return None
+
+
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
 MAX_SPLITS = 128
 #: Under the interpreter: small token blocks and splits, so tiny test caches still use several splits.
