@@ -2,10 +2,11 @@
 
 Checks correctness on the GPU first, measures copy bandwidth in the same process, then times one
 decode step (one query token per batch and head) for SDPA and eager attention over the bf16 cache,
-the same split-K Triton kernel over the bf16 cache, and the int8 kernel (PTX and portable
-dequantization). GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). A
-last table times the per-token kernel at several split lengths. ``main()`` returns the rows so one
-process can run all the rooms' benches.
+the same split-K Triton kernel over the bf16 cache, and the int8 kernels (CUDA-core products with
+PTX or portable dequantization; tensor-core products), in 5 interleaved rounds (median and range).
+GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). ``--split-sweep`` adds a
+table of the per-token kernels at several split lengths. ``main()`` returns the rows so one process
+can run all the rooms' benches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import triton
 from microscope_kernels.int8_kv_cache.kernel import (
     MAX_SPLITS,
+    PRODUCTS,
     cache_bytes,
     choose_split_len,
     decode_attention,
@@ -28,7 +30,15 @@ from microscope_kernels.int8_kv_cache.kernel import (
     tuned_split_config,
 )
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
-from microscope_kernels.safe_softmax.bench import Row, check, copy_bandwidth_gbps, gpu_header, measure, print_table
+from microscope_kernels.safe_softmax.bench import (
+    Row,
+    check,
+    copy_bandwidth_gbps,
+    gpu_header,
+    interleaved_medians,
+    measure,
+    print_table,
+)
 
 from microscope.api import DTYPES
 
@@ -62,62 +72,83 @@ def _correctness(dtype: torch.dtype) -> bool:
         k_d, v_d = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
         truth_deq = eager_decode_attention(q.double(), k_d, v_d)
         limit = 4 * rel(eager_decode_attention(q, k_d.to(dtype), v_d.to(dtype)), truth_deq) + floor
-        for ptx, prefetch in ((True, None), (False, None), (True, True), (True, False)):
-            out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, prefetch=prefetch)
-            label = f"int8 {granularity} ptx_dequant={ptx} prefetch={prefetch}"
+        for ptx, prefetch, products in ((True, None, "fma"), (False, None, "fma"), (True, True, "fma"),
+                                        (True, False, "fma"), (True, None, "dot"), (False, None, "dot")):
+            label = f"int8 {granularity} {products} ptx_dequant={ptx} prefetch={prefetch}"
+            try:
+                out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, prefetch=prefetch,
+                                            products=products)
+            except Exception as exc:  # a kernel that fails to build must not end the bench
+                print(f"   check {label}: FAIL {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                ok = False
+                continue
             ok = check(f"{label} vs dequantized cache", rel(out, truth_deq), limit) and ok
             ok = check(f"{label} vs unquantized cache (int8 cost)", rel(out, truth), 0.03) and ok
     return ok
 
 
-def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype) -> tuple[list[Row], list[Row]]:
-    """Every variant on one cache shape (a function, so the caches are freed when it returns), and
-    the per-token kernel at other split lengths than ``choose_split_len``'s."""
+def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, sweep: bool) -> tuple[list[Row], list[Row]]:
+    """Every variant on one cache shape (a function, so the caches are freed when it returns), timed
+    in interleaved rounds after every autotuner has settled; and, if asked, the per-token kernels
+    at other split lengths than ``choose_split_len``'s."""
     q, k, v = _cache(b, h, t, d, dtype)
     full = cache_bytes(b, h, t, d, None, dtype=dtype)
     shape = f"B{b} H{h} T{t} D{d}"
-    rows = []
-    for name, fn in (("sdpa", sdpa_decode_attention), ("eager", eager_decode_attention),
-                     ("triton_bf16cache", decode_attention)):
-        rows.append(Row(shape, name, measure(functools.partial(fn, q, k, v), f"{name} {shape}"), full))
+    thunks = {name: functools.partial(fn, q, k, v) for name, fn in (
+        ("sdpa", sdpa_decode_attention), ("eager", eager_decode_attention), ("triton_bf16cache", decode_attention))}
+    nbytes = dict.fromkeys(thunks, full)
+    notes = dict.fromkeys(thunks, "")
     for granularity in ("token", "channel"):
         k_q, k_s = quantize_kv(k, granularity)
         v_q, v_s = quantize_kv(v, granularity)
-        small = cache_bytes(b, h, t, d, granularity)
-        for ptx in (True, False):
-            name = f"int8_{granularity}" + ("" if ptx else "_portable")
-            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx)
-            thunk()  # the autotuner's first call times every candidate; list them
-            print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in last_tuning()))
-            rows.append(Row(shape, name, measure(thunk, f"{name} {shape}"), small,
-                            note=f"cache {small / full:.3f}x of {str(dtype).replace('torch.', '')}"))
-    return rows, _split_sweep(q, k, v, shape)
+        for ptx, products in ((True, "fma"), (False, "fma"), (True, "dot")):
+            name = f"int8_{granularity}" + ("" if ptx else "_portable") + ("_dot" if products == "dot" else "")
+            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx,
+                                      products=products)
+            if measure(thunk, f"{name} {shape} (autotuning)", warmup=0, rep=1) is None:
+                continue  # it failed to build or run, and said so
+            print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in last_tuning(products)))
+            thunks[name] = thunk
+            nbytes[name] = cache_bytes(b, h, t, d, granularity)
+            notes[name] = f"cache {nbytes[name] / full:.3f}x of {str(dtype).replace('torch.', '')}"
+    rows = []
+    for name, timing in interleaved_medians(thunks).items():
+        spread = f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else ""
+        rows.append(Row(shape, name, timing[0] if timing else None, nbytes[name],
+                        note="; ".join(n for n in (notes[name], spread) if n)))
+    return rows, (_split_sweep(q, k, v, shape) if sweep else [])
 
 
 def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
-    """The per-token int8 kernel at split lengths 256..8192 (each autotuned on its own): how much the
-    fixed ~16-waves choice of ``choose_split_len`` leaves on the table."""
+    """Both per-token int8 kernels at split lengths 256..8192 (each autotuned on its own): how much
+    ``choose_split_len``'s choice leaves on the table."""
     b, h, t, d = k.shape
     k_q, k_s = quantize_kv(k, "token")
     v_q, v_s = quantize_kv(v, "token")
     small = cache_bytes(b, h, t, d, "token")
-    chosen = choose_split_len(t, b * h, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
     rows = []
-    for split_len in (256, 512, 1024, 2048, 4096, 8192):
-        if split_len > t or triton.cdiv(t, split_len) > MAX_SPLITS:
-            continue
-        thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, "token", split_len=split_len)
-        thunk()  # autotune this split length first
-        best = tuned_split_config(split_len, d, per_token=True) or "?"
-        note = ("the default; " if split_len == chosen else "") + f"best config: {best}"
-        rows.append(Row(f"{shape} int8_token", f"split_len {split_len} ({triton.cdiv(t, split_len)} splits)",
-                        measure(thunk, f"split {split_len} {shape}"), small, note=note))
+    for products in PRODUCTS:
+        chosen = choose_split_len(t, b * h, sm_count)
+        for split_len in (256, 512, 1024, 2048, 4096, 8192):
+            if split_len > t or triton.cdiv(t, split_len) > MAX_SPLITS:
+                continue
+            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, "token", split_len=split_len,
+                                      products=products)
+            if measure(thunk, f"split {split_len} {products} {shape} (autotuning)", warmup=0, rep=1) is None:
+                continue
+            best = tuned_split_config(split_len, t, d, per_token=True, products=products) or "?"
+            note = ("the default; " if split_len == chosen else "") + f"best config: {best}"
+            rows.append(Row(f"{shape} int8_token {products}", f"split_len {split_len} ({triton.cdiv(t, split_len)})",
+                            measure(thunk, f"split {split_len} {shape}"), small, note=note))
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--split-sweep", action="store_true",
+                        help="also time the per-token kernels at split lengths 256..8192 (each autotuned: minutes)")
     args = parser.parse_args(argv)
     dtype = DTYPES[args.dtype]  # choices limit it to bf16/fp16
     gpu_header(f"int8_kv_cache decode bench, {args.dtype} cache vs int8 cache")
@@ -126,14 +157,15 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     sweep: list[Row] = []
     for shape in SHAPES:
-        shape_rows, shape_sweep = _bench_shape(*shape, dtype)
+        shape_rows, shape_sweep = _bench_shape(*shape, dtype, args.split_sweep)
         rows += shape_rows
         sweep += shape_sweep
         torch.cuda.empty_cache()
     print_table(f"int8_kv_cache decode: bytes = the cache each variant reads ({args.dtype} K+V, or int8 + "
                 f"fp32 scales)", rows, copy_gbps, peers=["sdpa", "eager"])
-    print_table("int8 per-token decode by split length (tokens per program; each autotuned)", sweep, copy_gbps,
-                peers=[])
+    if sweep:
+        print_table("int8 per-token decode by split length (tokens per program; each autotuned)", sweep, copy_gbps,
+                    peers=[])
     return rows
 
 

@@ -27,10 +27,15 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
+from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
 
 from microscope.api import interpreting
 
 GRANULARITIES = ("token", "channel")
+#: Where the int8 split kernel multiplies: ``"fma"`` on CUDA cores (this module's kernel), ``"dot"`` on
+#: tensor cores (``tensor_core.py``, head_dim >= 64).
+PRODUCTS = ("fma", "dot")
 _LOG2E = math.log2(math.e)
 
 
@@ -114,24 +119,25 @@ def _unpack_int8x4(words, PTX_DEQUANT: tl.constexpr):
 
 @triton.jit
 def _decode_split_int8_kernel(
-    Q, K, V, K_SCALE, V_SCALE, PART_ACC, PART_ML,
-    T, split_len, num_splits, qk_scale,
-    stride_qbh, stride_kbh, stride_kt, stride_vbh, stride_vt, stride_ksbh, stride_vsbh,
+    Q, K_DESC, V_DESC, K_SCALE, KS_DESC, VS_DESC, PART_ACC, PART_ML,
+    T, split_len, num_splits, qk_scale, stride_qbh, stride_ksbh, stride_vsbh,
     D: tl.constexpr, BLOCK_T: tl.constexpr, PER_TOKEN: tl.constexpr, PTX_DEQUANT: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr,
 ):
     """One (split, batch*head) over the int8 cache: online softmax over ``split_len`` tokens.
 
-    K and V are read as int32 words (four int8 each; strides in words), so a prefetched tile stays
-    packed in registers and unpacks to four fp32 tiles holding channels 4w + j. q and the output are
-    split the same way, so nothing is ever re-interleaved. Scales are applied outside the D-wide
-    products: a per-channel K scale is folded into q once, a per-token K scale multiplies the scores,
-    a per-token V scale multiplies the weights, and a per-channel V scale is left to the merge
-    kernel (it commutes with the sum over tokens). The accumulators are (BLOCK_T, D/4) tiles reduced
-    over T once at the end, so the loop has no cross-warp reduction of D-wide vectors.
+    K and V are read as int32 words (four int8 each) through tensor descriptors over (batch*heads, T,
+    D/4) with (1, BLOCK_T, D/4) blocks (``descriptors.py``), so a prefetched tile stays packed in
+    registers and unpacks to four fp32 tiles holding channels 4w + j. q and the output are split the
+    same way, so nothing is ever re-interleaved. Scales are applied outside the D-wide products: a
+    per-channel K scale is folded into q once, a per-token K scale multiplies the scores, a
+    per-token V scale multiplies the weights, and a per-channel V scale is left to the merge kernel
+    (it commutes with the sum over tokens). The accumulators are (BLOCK_T, D/4) tiles reduced over T
+    once at the end, so the loop has no cross-warp reduction of D-wide vectors.
     """
     split = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(1)
+    bh = head.to(tl.int64)
     w = tl.arange(0, D // 4)
     offs_t = tl.arange(0, BLOCK_T)
     q_ptr = Q + bh * stride_qbh + w * 4
@@ -147,10 +153,8 @@ def _decode_split_int8_kernel(
         q3 = q3 * tl.load(ks_ptr + 3)
     t_start = split * split_len
     t_end = tl.minimum(t_start + split_len, T)
-    k_base = K + bh * stride_kbh + w[None, :]
-    v_base = V + bh * stride_vbh + w[None, :]
-    ks_base = K_SCALE + bh * stride_ksbh
-    vs_base = V_SCALE + bh * stride_vsbh
+    ks_start = head * stride_ksbh  # per-token scales: flat 1-D descriptors
+    vs_start = head * stride_vsbh
     m_i = -float("inf")
     l_vec = tl.zeros((BLOCK_T,), tl.float32)
     acc0 = tl.zeros((BLOCK_T, D // 4), tl.float32)
@@ -164,32 +168,31 @@ def _decode_split_int8_kernel(
     if PREFETCH:
         t = t_start + offs_t
         ok = t < t_end
-        k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
-        v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
+        k_raw = K_DESC.load([head, t_start, 0]).reshape(BLOCK_T, D // 4)
+        v_raw = V_DESC.load([head, t_start, 0]).reshape(BLOCK_T, D // 4)
         ks = tl.full((BLOCK_T,), 1.0, tl.float32)
         vs = tl.full((BLOCK_T,), 1.0, tl.float32)
-        if PER_TOKEN:
-            ks = tl.load(ks_base + t, mask=ok, other=0.0)
-            vs = tl.load(vs_base + t, mask=ok, other=0.0)
+        if PER_TOKEN:  # masked: scales past T may be a buffer's unwritten spare (NaN times 0 is NaN)
+            ks = tl.where(ok, KS_DESC.load([ks_start + t_start]), 0.0)
+            vs = tl.where(ok, VS_DESC.load([vs_start + t_start]), 0.0)
     for t0 in tl.range(t_start, t_end, BLOCK_T, num_stages=STAGES):
         ok = t0 + offs_t < t_end
         if PREFETCH:
-            t_next = t0 + BLOCK_T + offs_t
-            ok_next = t_next < t_end
-            k_next = tl.load(k_base + t_next[:, None] * stride_kt, mask=ok_next[:, None], other=0)
-            v_next = tl.load(v_base + t_next[:, None] * stride_vt, mask=ok_next[:, None], other=0)
+            k_next = K_DESC.load([head, t0 + BLOCK_T, 0]).reshape(BLOCK_T, D // 4)
+            v_next = V_DESC.load([head, t0 + BLOCK_T, 0]).reshape(BLOCK_T, D // 4)
             ks_next = ks
             vs_next = vs
             if PER_TOKEN:
-                ks_next = tl.load(ks_base + t_next, mask=ok_next, other=0.0)
-                vs_next = tl.load(vs_base + t_next, mask=ok_next, other=0.0)
+                ok_next = t0 + BLOCK_T + offs_t < t_end
+                ks_next = tl.where(ok_next, KS_DESC.load([ks_start + t0 + BLOCK_T]), 0.0)
+                vs_next = tl.where(ok_next, VS_DESC.load([vs_start + t0 + BLOCK_T]), 0.0)
         else:
             t = t0 + offs_t
-            k_raw = tl.load(k_base + t[:, None] * stride_kt, mask=ok[:, None], other=0)
-            v_raw = tl.load(v_base + t[:, None] * stride_vt, mask=ok[:, None], other=0)
+            k_raw = K_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
+            v_raw = V_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
             if PER_TOKEN:
-                ks = tl.load(ks_base + t, mask=ok, other=0.0)
-                vs = tl.load(vs_base + t, mask=ok, other=0.0)
+                ks = tl.where(ok, KS_DESC.load([ks_start + t0]), 0.0)
+                vs = tl.where(ok, VS_DESC.load([vs_start + t0]), 0.0)
         k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
         s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
         if PER_TOKEN:
@@ -295,28 +298,36 @@ _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
 #: deep (4 only for tiles of <= 64 tokens: 128 x 128 int8 x K and V x 4 stages would be 128 KB).
 _OVERLAPS = ((True, 1), (False, 3), (False, 4))
 _SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt, w in _SPLIT_SHAPES]
-_INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "PREFETCH": prefetch, "STAGES": stages}, num_warps=w)
+_INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "PREFETCH": prefetch, "STAGES": stages}, num_warps=w,
+                                     pre_hook=fit_descriptor_blocks)
                        for bt, w in _SPLIT_SHAPES for prefetch, stages in _OVERLAPS if stages < 4 or bt <= 64]
-_INT8_KEY = ["split_len", "D", "PER_TOKEN", "PTX_DEQUANT"]
+#: The best tile depends on the split length and how many splits (programs) there are.
+_INT8_KEY = ["split_len", "num_splits", "D", "PER_TOKEN", "PTX_DEQUANT"]
 _split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
+_split_int8_dot_tuned = triton.autotune(configs=DOT_CONFIGS, key=_INT8_KEY)(decode_split_int8_dot_kernel)
 _split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
 
 
-def last_tuning() -> list[tuple[str, float]]:
-    """(config, ms) of every candidate in the int8 split kernel's most recent autotuning, fastest
+def _int8_tuner(products: str) -> triton.runtime.Autotuner:
+    return _split_int8_dot_tuned if products == "dot" else _split_int8_tuned
+
+
+def last_tuning(products: str = "fma") -> list[tuple[str, float]]:
+    """(config, ms) of every candidate in an int8 split kernel's most recent autotuning, fastest
     first, for bench reports (empty before the first tuning, or if triton keeps no timings)."""
     def ms(timing: object) -> float:
         return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
 
-    timings = getattr(_split_int8_tuned, "configs_timings", None) or {}
+    timings = getattr(_int8_tuner(products), "configs_timings", None) or {}
     return [(str(config), ms(t)) for config, t in sorted(timings.items(), key=lambda kv: ms(kv[1]))]
 
 
-def tuned_split_config(split_len: int, head_dim: int, per_token: bool, ptx_dequant: bool = True) -> str | None:
-    """The int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
+def tuned_split_config(split_len: int, tokens: int, head_dim: int, per_token: bool, ptx_dequant: bool = True,
+                       products: str = "fma") -> str | None:
+    """An int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
     Triton's cache keys start with the ``_INT8_KEY`` values in order."""
-    wanted = (split_len, head_dim, per_token, ptx_dequant)
-    for key, config in _split_int8_tuned.cache.items():
+    wanted = (split_len, triton.cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
+    for key, config in _int8_tuner(products).cache.items():
         if tuple(key[:len(wanted)]) == wanted:
             return str(config)
     return None
@@ -334,11 +345,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_split_len(tokens: int, heads_total: int, sm_count: int) -> int:
-    """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~16 waves of
-    4 resident programs per SM (the last, partial wave then costs < 2%), and at most MAX_SPLITS
-    splits so the merge stays one program per head."""
-    wanted_programs = 16 * 4 * sm_count
+def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 8) -> int:
+    """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~``waves``
+    waves of 4 resident programs per SM, and at most MAX_SPLITS splits so the merge stays one
+    program per head. 8 waves: on the H200 both int8 kernels ran 1-5% faster at 8 waves than at 16
+    (the split sweep in the README), and the last, partial wave still costs only a few percent."""
+    wanted_programs = waves * 4 * sm_count
     split_len = triton.cdiv(tokens * heads_total, wanted_programs)
     split_len = max(split_len, triton.cdiv(tokens, MAX_SPLITS), 1)
     return min(max(256, triton.cdiv(split_len, 256) * 256), max(256, triton.cdiv(tokens, 256) * 256))
@@ -404,7 +416,7 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
 def int8_decode_attention(
     q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
     granularity: str, sm_scale: float | None = None, split_len: int | None = None,
-    ptx_dequant: bool | None = None, prefetch: bool | None = None,
+    ptx_dequant: bool | None = None, prefetch: bool | None = None, products: str = "fma",
 ) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
 
@@ -413,14 +425,19 @@ def int8_decode_attention(
     ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
     ``prefetch`` (tests) forces the load overlap: True the register prefetch, False the compiler's
     3-stage pipeline, on a fixed tile; by default the GPU autotunes it with the tile, and the
-    interpreter runs the register prefetch.
+    interpreter runs the register prefetch. ``products`` picks the CUDA-core (``"fma"``) or the tensor-core
+    (``"dot"``, head_dim >= 64; ``prefetch`` does not apply) kernel.
     """
     _check_shapes(q, k_q, v_q)
     if k_q.dtype != torch.int8 or v_q.dtype != torch.int8:
         raise TypeError(f"k_q and v_q must be int8, got {k_q.dtype} and {v_q.dtype}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if products not in PRODUCTS:
+        raise ValueError(f"products must be one of {PRODUCTS}, got {products!r}")
     b, h, t, d = k_q.shape
+    if products == "dot" and d < MIN_DOT_HEAD_DIM:
+        raise ValueError(f'products="dot" needs head_dim >= {MIN_DOT_HEAD_DIM}, got {d}; use products="fma"')
     q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
     k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
@@ -429,19 +446,25 @@ def int8_decode_attention(
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
     qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
     per_token = granularity == "token"
-    args = (q, k_words, v_words, k_scale, v_scale, part_acc, part_ml, t, split_len, num_splits, qk_scale,
-            q.stride(1), k_words.stride(1), k_words.stride(2), v_words.stride(1), v_words.stride(2),
-            k_scale.stride(1), v_scale.stride(1))
+    # on the GPU each autotuner config sets its own block (fit_descriptor_blocks); forced runs use this one
+    block_t = 64 if _on_gpu(q) else _INTERP_BLOCK_T
+    (ks_desc, ks_stride), (vs_desc, vs_stride) = scale_descriptor(k_scale, block_t), scale_descriptor(v_scale, block_t)
+    args = (q, cache_descriptor(k_words, block_t), cache_descriptor(v_words, block_t), ks_desc.base, ks_desc,
+            vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)
-    if _on_gpu(q) and prefetch is None:
-        ptx = True if ptx_dequant is None else ptx_dequant
+    ptx = _on_gpu(q) and ptx_dequant is not False
+    if products == "dot":
+        if _on_gpu(q):
+            _split_int8_dot_tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+        else:
+            decode_split_int8_dot_kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token,
+                                               PTX_DEQUANT=False, STAGES=1, num_warps=4)
+    elif _on_gpu(q) and prefetch is None:
         _split_int8_tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
     else:
-        ptx = _on_gpu(q) and ptx_dequant is not False
         forced = True if prefetch is None else prefetch
-        _decode_split_int8_kernel[grid](*args, D=d, BLOCK_T=64 if _on_gpu(q) else _INTERP_BLOCK_T,
-                                        PER_TOKEN=per_token, PTX_DEQUANT=ptx, PREFETCH=forced,
-                                        STAGES=1 if forced else 3, num_warps=4)
+        _decode_split_int8_kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
+                                        PREFETCH=forced, STAGES=1 if forced else 3, num_warps=4)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 

@@ -46,8 +46,12 @@ class Int8KVCache(KVCache):
         if self._k[layer] is None or self._k[layer].shape[-2] < new:  # type: ignore[union-attr]
             held = self._k[layer].shape[-2] if self._k[layer] is not None else 0  # type: ignore[union-attr]
             size = max(new, self.capacity, 2 * held)
-            for bufs, fresh in ((self._k, kq), (self._v, vq), (self._k_scale, ks), (self._v_scale, vs)):
-                grown = fresh.new_empty((*fresh.shape[:2], size, *fresh.shape[3:]))
+            # scale buffers hold a multiple of 4 tokens: their head stride stays 16-byte aligned, so the
+            # decode kernel's scale descriptor reads them in place instead of copying them every step
+            size4 = -(-size // 4) * 4
+            for bufs, fresh, length in ((self._k, kq, size), (self._v, vq, size), (self._k_scale, ks, size4),
+                                        (self._v_scale, vs, size4)):
+                grown = fresh.new_empty((*fresh.shape[:2], length, *fresh.shape[3:]))
                 if bufs[layer] is not None:
                     grown[:, :, :old] = bufs[layer][:, :, :old]  # type: ignore[index]
                 bufs[layer] = grown

@@ -4,8 +4,8 @@ Checks correctness on the GPU first, measures the device's copy bandwidth in the
 times every variant with ``triton.testing.do_bench`` (median, L2 flushed between calls) and prints
 a compact table last. ``main()`` returns the rows so one process can run all the rooms' benches.
 
-The small helpers here (``gpu_header``, ``copy_bandwidth_gbps``, ``measure``, ``print_table``) are
-shared by the fused_layernorm_gelu and int8_kv_cache bench scripts.
+The small helpers here (``gpu_header``, ``copy_bandwidth_gbps``, ``measure``, ``interleaved_medians``,
+``print_table``) are shared by the fused_layernorm_gelu and int8_kv_cache bench scripts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import statistics
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,26 @@ def measure(fn: Callable[[], object], label: str, warmup: int = 25, rep: int = 1
         print(f"   {label}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         traceback.print_exc(limit=2)
         return None
+
+
+def interleaved_medians(thunks: Mapping[str, Callable[[], object]], rounds: int = 5, rep: int = 40
+                        ) -> dict[str, tuple[float, float, float] | None]:
+    """(median, min, max) over ``rounds`` of each thunk's do_bench median, the thunks taking turns in
+    every round (None for one that failed). A transient on the GPU then moves one round of every
+    variant, not one variant's whole figure: one int8 bench row once read 28% slow against the
+    autotuner's timing of the same config a moment earlier."""
+    per_round: dict[str, list[float]] = {name: [] for name in thunks}
+    failed: set[str] = set()
+    for _ in range(rounds):
+        for name, fn in thunks.items():
+            if name not in failed:
+                ms = measure(fn, name, warmup=10, rep=rep)
+                if ms is None:
+                    failed.add(name)
+                else:
+                    per_round[name].append(ms)
+    return {name: None if name in failed else (statistics.median(v), min(v), max(v))
+            for name, v in per_round.items()}
 
 
 def copy_bandwidth_gbps(nbytes: int) -> float:

@@ -83,8 +83,10 @@ def test_int8_cache_holds_int8_data_and_per_token_scales_and_counts_them():
     k_q, k_scale, v_q, v_scale = cache.quantized(0)
     assert k_q.dtype == v_q.dtype == torch.int8 and k_q.shape == (3, 2, 10, 32)
     assert k_scale.dtype == torch.float32 and k_scale.shape == (3, 2, 10)
-    # 10 tokens cached in buffers of exactly 10: the bytes are cache_bytes' formula, per layer
-    assert cache.nbytes() == SMALL.n_layers * cache_bytes(3, 2, 10, 32, "token")
+    # 10 tokens cached in data buffers of exactly 10 and scale buffers of 12 (a multiple of 4, for the
+    # kernel's aligned reads): cache_bytes' formula plus 2 spare fp32 scales per (row, head) for K and V
+    spare_scales = 2 * 3 * 2 * (12 - 10) * 4
+    assert cache.nbytes() == SMALL.n_layers * (cache_bytes(3, 2, 10, 32, "token") + spare_scales)
     own = KVCache(SMALL.n_layers)
     own.append(0, torch.zeros(3, 2, 10, 32), torch.zeros(3, 2, 10, 32))
     k_deq, _ = cache.get(0)

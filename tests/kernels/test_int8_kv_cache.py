@@ -73,13 +73,18 @@ def test_int8_cache_is_at_most_053x_bf16_at_head_dim_128(granularity):
 
 
 # -- the decode kernels ---------------------------------------------------------------------------
+#: The two int8 kernels: CUDA-core products (any head_dim >= 16), tensor-core products (>= 64).
+PRODUCTS_AND_HEAD_DIM = [("fma", 32), ("dot", 64)]
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("granularity", ["token", "channel"])
-def test_int8_decode_matches_float64(granularity, dtype, seed):
-    q, k, v = qkv(2, 3, 97, 32, seed, dtype)
+@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
+def test_int8_decode_matches_float64(products, head_dim, granularity, dtype, seed):
+    q, k, v = qkv(2, 3, 97, head_dim, seed, dtype)
     k_q, k_s = quantize_kv(k, granularity)
     v_q, v_s = quantize_kv(v, granularity)
-    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, products=products)
     assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
     k_deq, v_deq = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
     truth_deq = eager_decode_attention(q.double(), k_deq, v_deq)
@@ -99,31 +104,73 @@ def test_unquantized_decode_matches_float64(dtype, seed):
     assert rel_err(out, truth) <= limit, f"seed {seed}"
 
 
-@pytest.mark.parametrize("prefetch", [True, False], ids=["register-prefetch", "compiler-pipeline"])
+KERNEL_VARIANTS = {"register-prefetch": dict(prefetch=True), "compiler-pipeline": dict(prefetch=False),
+                   "tensor-cores": dict(products="dot")}
+
+
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
 @pytest.mark.parametrize("granularity", ["token", "channel"])
 @pytest.mark.parametrize("tokens,split_len", [(5, None), (16, 16), (33, 16), (97, 48), (97, 400), (300, 256)])
-def test_split_boundaries(tokens, split_len, granularity, prefetch, seed):
+def test_split_boundaries(tokens, split_len, granularity, variant, seed):
     """Fewer tokens than a block, splits that end mid-block, one split: all the same attention,
-    with either way of overlapping the loads (the GPU autotunes between them)."""
-    q, k, v = qkv(1, 2, tokens, 32, seed, torch.float32)
+    with either way of overlapping the loads (the GPU autotunes between them) and on tensor cores."""
+    q, k, v = qkv(1, 2, tokens, 64, seed, torch.float32)
     k_q, k_s = quantize_kv(k, granularity)
     v_q, v_s = quantize_kv(v, granularity)
-    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, split_len=split_len, prefetch=prefetch)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, split_len=split_len, **KERNEL_VARIANTS[variant])
     truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
                                    dequantize_kv(v_q, v_s, granularity, torch.float64))
     assert rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
-def test_large_scores_stay_finite(seed):
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
+def test_reads_a_growing_cache_in_place_and_ignores_its_spare(variant, seed):
+    """A model's cache is a buffer with spare capacity, sliced to its filled length: the kernel must
+    read the views in place and never let the spare (here NaN scales, random bytes) leak in."""
+    q, k, v = qkv(2, 2, 45, 64, seed, torch.float32)
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    gen = torch.Generator().manual_seed(seed)
+    views = []
+    for data, scale in ((k_q, k_s), (v_q, v_s)):
+        spare_data = torch.randint(-127, 128, (2, 2, 64, 64), generator=gen, dtype=torch.int8).to(DEVICE)
+        spare_scale = torch.full((2, 2, 64), float("nan"), device=DEVICE)
+        spare_data[:, :, :45], spare_scale[:, :, :45] = data, scale
+        views += [spare_data[:, :, :45], spare_scale[:, :, :45]]
+    out = int8_decode_attention(q, *views, "token", split_len=32, **KERNEL_VARIANTS[variant])
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
+                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"seed {seed}"
+
+
+@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
+def test_large_scores_stay_finite(products, head_dim, seed):
     """Scores in the hundreds: the online softmax's running max keeps every exponent <= 0."""
-    q, k, v = qkv(1, 2, 70, 32, seed, torch.float16, q_scale=60.0)
+    q, k, v = qkv(1, 2, 70, head_dim, seed, torch.float16, q_scale=60.0)
     for granularity in ("token", "channel"):
         k_q, k_s = quantize_kv(k, granularity)
         v_q, v_s = quantize_kv(v, granularity)
-        out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
+        out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, products=products)
         truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
                                        dequantize_kv(v_q, v_s, granularity, torch.float64))
         assert torch.isfinite(out).all() and rel_err(out, truth) < 4e-3, f"{granularity} (seed {seed})"
+
+
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+@pytest.mark.parametrize("magnitude", [1e-6, 1e4], ids=["tiny", "huge"])
+def test_tensor_core_kernel_holds_fp16_range(magnitude, granularity, seed):
+    """The tensor-core kernel feeds fp16 operands: q (with per-channel K scales folded in) and the
+    weights times per-token V scales must neither underflow nor overflow fp16, whatever the cache's
+    magnitude. fp32 inputs, so fp32's own accuracy is the bar."""
+    q, k, v = qkv(2, 3, 150, 64, seed, torch.float32, q_scale=1.0 / magnitude)
+    k, v = k * magnitude, v * magnitude * torch.rand(2, 3, 150, 1, generator=torch.Generator().manual_seed(seed),
+                                                     dtype=torch.float32).to(v.device)
+    k_q, k_s = quantize_kv(k, granularity)
+    v_q, v_s = quantize_kv(v, granularity)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, products="dot")
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
+                                   dequantize_kv(v_q, v_s, granularity, torch.float64))
+    assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"{rel_err(out, truth):.3g} (seed {seed})"
 
 
 def test_rejects_bad_arguments():
@@ -135,17 +182,22 @@ def test_rejects_bad_arguments():
         quantize_kv(k, "block")
     with pytest.raises(ValueError, match="expected q"):
         int8_decode_attention(q[:, :1], k_q, k_s, k_q, k_s, "token")
+    with pytest.raises(ValueError, match="products must be one of"):
+        int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="wmma")
+    with pytest.raises(ValueError, match='head_dim >= 64.*products="fma"'):
+        int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="dot")
 
 
 def test_split_plan_fills_an_h200_for_the_target_shapes():
-    """B16 H32 T8192 and B64 H8 T32768 (512 heads): >= 16 waves of 4 programs on 132 SMs, whole
+    """B16 H32 T8192 and B64 H8 T32768 (512 heads): ~8 waves of 4 programs on 132 SMs, whole
     multiples of 256 tokens, never more splits than one merge program handles."""
     for b, h, t in ((16, 32, 8192), (64, 8, 32768), (1, 8, 32768), (1, 1, 300)):
         split_len = choose_split_len(t, b * h, 132)
         splits = -(-t // split_len)
         assert split_len % 256 == 0 and splits <= MAX_SPLITS
-        if b * h * t >= 16 * 4 * 132 * 256:
-            assert splits * b * h >= 16 * 4 * 132 * 0.9, (b, h, t, split_len)
+        if b * h * t >= 8 * 4 * 132 * 256:
+            assert splits * b * h >= 8 * 4 * 132 * 0.9, (b, h, t, split_len)
+    assert choose_split_len(8192, 512, 132) == 1024 and choose_split_len(32768, 512, 132) == 4096
 
 
 # -- the plugin -----------------------------------------------------------------------------------
