@@ -6,6 +6,7 @@
 #   bash .ci/gpu_session.sh tests                   # the GPU-marked tests, and the kernel tests on the GPU
 #   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
 #   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench
+#   bash .ci/gpu_session.sh ncu                     # Nsight Compute on the int8 decode kernels
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
@@ -81,12 +82,22 @@ tests() {  # the GPU-marked tests, then every kernel test natively on the GPU
     "${KERNEL_TESTS[@]}"
 }
 
+ncu_int8() {  # one launch of each int8 split kernel at B64 H8 T32768, the sections that say what bounds it
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  [ -z "$ncu" ] && { echo "=== ncu: not installed" | tee -a "$log"; return; }
+  step ncu "${NCU_LIMIT:-150}" "$ncu" --target-processes all -k regex:decode_split_int8 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis python3 .ci/ncu_int8.py
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     flash | benches | planted | model | catalogue | tests) "$part" ;;
+    ncu) ncu_int8 ;;
     run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
     bench:*) bench "${part#bench:}" ;;  # one room's bench, e.g. bench:int8_kv_cache
-    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, run:CONFIG, bench:ROOM)" |
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, run:CONFIG, bench:ROOM)" |
       tee -a "$log" ;;
   esac
 done
