@@ -11,7 +11,7 @@ from microscope_kernels.int8_kv_cache.descriptors import fit_descriptor_blocks
 from microscope_kernels.int8_kv_cache.kernel import int8_decode_attention, quantize_kv
 
 # one config each means no autotuning launches
-kernel._split_int8_tuned.configs = [triton.Config({"BLOCK_T": 32, "PREFETCH": False, "STAGES": 4}, num_warps=4,
+kernel._split_int8_tuned.configs = [triton.Config({"BLOCK_T": 64, "STAGES": 3}, num_warps=4,
                                                   pre_hook=fit_descriptor_blocks)]
 kernel._split_int8_dot_tuned.configs = [triton.Config({"BLOCK_T": 128, "STAGES": 3}, num_warps=4,
                                                       pre_hook=fit_descriptor_blocks)]

@@ -3,7 +3,8 @@
 Checks correctness on the GPU first, measures copy bandwidth in the same process, then times one
 decode step (one query token per batch and head) for SDPA and eager attention over the bf16 cache,
 the same split-K Triton kernel over the bf16 cache, and the int8 kernels (CUDA-core products with
-PTX or portable dequantization; tensor-core products), in 5 interleaved rounds (median and range).
+PTX or portable dequantization; tensor-core products), in 5 interleaved rounds (median and range),
+once with plain launches and once replayed from CUDA graphs (device time alone).
 GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). ``--split-sweep`` adds a
 table of the per-token kernels at several split lengths. ``main()`` returns the rows so one process
 can run all the rooms' benches.
@@ -44,6 +45,11 @@ from microscope.api import DTYPES
 
 #: The targets: (batch, heads, tokens, head_dim).
 SHAPES = ((16, 32, 8192, 128), (64, 8, 32768, 128))
+#: The int8 kernels the bench can time: name -> (ptx_dequant, products).
+KERNELS = {"fma": (True, "fma"), "portable": (False, "fma"), "dot": (True, "dot")}
+#: Correctness runs per kernel: (ptx_dequant, stages, products); None autotunes, an int forces a depth.
+_CHECKS = {"fma": ((True, None, "fma"), (True, 1, "fma"), (True, 3, "fma")),
+           "portable": ((False, None, "fma"),), "dot": ((True, None, "dot"), (False, None, "dot"))}
 
 
 def _cache(b: int, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
@@ -54,7 +60,7 @@ def _cache(b: int, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
     return q, k, v
 
 
-def _correctness(dtype: torch.dtype) -> bool:
+def _correctness(dtype: torch.dtype, kernels: Sequence[str]) -> bool:
     """Both int8 dequantization paths and the bf16 kernel vs float64 eager attention on an odd
     length: the kernel's own error over the dequantized cache within 4x eager's (+ a floor), and the
     full int8 cost over the unquantized cache."""
@@ -72,11 +78,10 @@ def _correctness(dtype: torch.dtype) -> bool:
         k_d, v_d = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
         truth_deq = eager_decode_attention(q.double(), k_d, v_d)
         limit = 4 * rel(eager_decode_attention(q, k_d.to(dtype), v_d.to(dtype)), truth_deq) + floor
-        for ptx, prefetch, products in ((True, None, "fma"), (False, None, "fma"), (True, True, "fma"),
-                                        (True, False, "fma"), (True, None, "dot"), (False, None, "dot")):
-            label = f"int8 {granularity} {products} ptx_dequant={ptx} prefetch={prefetch}"
+        for ptx, stages, products in (run for kernel in kernels for run in _CHECKS[kernel]):
+            label = f"int8 {granularity} {products} ptx_dequant={ptx} stages={stages or 'autotuned'}"
             try:
-                out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, prefetch=prefetch,
+                out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, stages=stages,
                                             products=products)
             except Exception as exc:  # a kernel that fails to build must not end the bench
                 print(f"   check {label}: FAIL {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -87,10 +92,11 @@ def _correctness(dtype: torch.dtype) -> bool:
     return ok
 
 
-def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, sweep: bool) -> tuple[list[Row], list[Row]]:
+def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Sequence[str], sweep: bool
+                 ) -> tuple[list[Row], list[Row], list[Row]]:
     """Every variant on one cache shape (a function, so the caches are freed when it returns), timed
-    in interleaved rounds after every autotuner has settled; and, if asked, the per-token kernels
-    at other split lengths than ``choose_split_len``'s."""
+    in interleaved rounds after every autotuner has settled, with plain launches and replayed from
+    CUDA graphs; and, if asked, the per-token kernels at other split lengths."""
     q, k, v = _cache(b, h, t, d, dtype)
     full = cache_bytes(b, h, t, d, None, dtype=dtype)
     shape = f"B{b} H{h} T{t} D{d}"
@@ -101,8 +107,9 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, sweep: bool
     for granularity in ("token", "channel"):
         k_q, k_s = quantize_kv(k, granularity)
         v_q, v_s = quantize_kv(v, granularity)
-        for ptx, products in ((True, "fma"), (False, "fma"), (True, "dot")):
-            name = f"int8_{granularity}" + ("" if ptx else "_portable") + ("_dot" if products == "dot" else "")
+        for kernel in kernels:
+            ptx, products = KERNELS[kernel]
+            name = f"int8_{granularity}" + ("" if kernel == "fma" else f"_{kernel}")
             thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx,
                                       products=products)
             if measure(thunk, f"{name} {shape} (autotuning)", warmup=0, rep=1) is None:
@@ -111,12 +118,15 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, sweep: bool
             thunks[name] = thunk
             nbytes[name] = cache_bytes(b, h, t, d, granularity)
             notes[name] = f"cache {nbytes[name] / full:.3f}x of {str(dtype).replace('torch.', '')}"
-    rows = []
-    for name, timing in interleaved_medians(thunks).items():
-        spread = f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else ""
-        rows.append(Row(shape, name, timing[0] if timing else None, nbytes[name],
-                        note="; ".join(n for n in (notes[name], spread) if n)))
-    return rows, (_split_sweep(q, k, v, shape) if sweep else [])
+    tables = []
+    for graphs in (False, True):
+        rows = []
+        for name, timing in interleaved_medians(thunks, graphs=graphs).items():
+            spread = f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else ""
+            rows.append(Row(shape, name, timing[0] if timing else None, nbytes[name],
+                            note="; ".join(n for n in (notes[name], spread) if n)))
+        tables.append(rows)
+    return tables[0], tables[1], (_split_sweep(q, k, v, shape) if sweep else [])
 
 
 def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
@@ -147,26 +157,37 @@ def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--kernels", default=",".join(KERNELS),
+                        help=f"comma-separated int8 kernels to check and time, of {', '.join(KERNELS)}")
     parser.add_argument("--split-sweep", action="store_true",
                         help="also time the per-token kernels at split lengths 256..8192 (each autotuned: minutes)")
     args = parser.parse_args(argv)
     dtype = DTYPES[args.dtype]  # choices limit it to bf16/fp16
+    kernels = [name.strip() for name in args.kernels.split(",") if name.strip()]
+    unknown = sorted(set(kernels) - set(KERNELS))
+    if unknown:
+        parser.error(f"--kernels: unknown {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
     gpu_header(f"int8_kv_cache decode bench, {args.dtype} cache vs int8 cache")
-    _correctness(dtype)
+    _correctness(dtype, kernels)
     copy_gbps = copy_bandwidth_gbps(1 << 30)
-    rows: list[Row] = []
+    launched: list[Row] = []
+    graphed: list[Row] = []
     sweep: list[Row] = []
     for shape in SHAPES:
-        shape_rows, shape_sweep = _bench_shape(*shape, dtype, args.split_sweep)
-        rows += shape_rows
+        shape_launched, shape_graphed, shape_sweep = _bench_shape(*shape, dtype, kernels, args.split_sweep)
+        launched += shape_launched
+        graphed += shape_graphed
         sweep += shape_sweep
         torch.cuda.empty_cache()
-    print_table(f"int8_kv_cache decode: bytes = the cache each variant reads ({args.dtype} K+V, or int8 + "
-                f"fp32 scales)", rows, copy_gbps, peers=["sdpa", "eager"])
+    what = f"bytes = the cache each variant reads ({args.dtype} K+V, or int8 + fp32 scales)"
+    print_table(f"int8_kv_cache decode, plain launches (host time between launches counts): {what}", launched,
+                copy_gbps, peers=["sdpa", "eager"])
+    print_table(f"int8_kv_cache decode, replayed from CUDA graphs (device time): {what}", graphed, copy_gbps,
+                peers=["sdpa", "eager"])
     if sweep:
         print_table("int8 per-token decode by split length (tokens per program; each autotuned)", sweep, copy_gbps,
                     peers=[])
-    return rows
+    return graphed
 
 
 if __name__ == "__main__":

@@ -122,13 +122,14 @@ def _decode_split_int8_kernel(
     Q, K_DESC, V_DESC, K_SCALE, KS_DESC, VS_DESC, PART_ACC, PART_ML,
     T, split_len, num_splits, qk_scale, stride_qbh, stride_ksbh, stride_vsbh,
     D: tl.constexpr, BLOCK_T: tl.constexpr, PER_TOKEN: tl.constexpr, PTX_DEQUANT: tl.constexpr,
-    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """One (split, batch*head) over the int8 cache: online softmax over ``split_len`` tokens.
 
     K and V are read as int32 words (four int8 each) through tensor descriptors over (batch*heads, T,
-    D/4) with (1, BLOCK_T, D/4) blocks (``descriptors.py``), so a prefetched tile stays packed in
-    registers and unpacks to four fp32 tiles holding channels 4w + j. q and the output are split the
+    D/4) with (1, BLOCK_T, D/4) blocks (``descriptors.py``); the compiler pipelines those loads
+    through shared memory ``STAGES`` steps deep. A tile unpacks to four fp32 tiles holding channels
+    4w + j. q and the output are split the
     same way, so nothing is ever re-interleaved. Scales are applied outside the D-wide products: a
     per-channel K scale is folded into q once, a per-token K scale multiplies the scores, a
     per-token V scale multiplies the weights, and a per-channel V scale is left to the merge kernel
@@ -161,38 +162,13 @@ def _decode_split_int8_kernel(
     acc1 = tl.zeros((BLOCK_T, D // 4), tl.float32)
     acc2 = tl.zeros((BLOCK_T, D // 4), tl.float32)
     acc3 = tl.zeros((BLOCK_T, D // 4), tl.float32)
-    # How each step's HBM read overlaps the previous step's math is a tuning choice. ``PREFETCH``:
-    # the packed words of the next step are loaded into registers before this step's math (two K/V
-    # tiles in flight for a few registers). Otherwise ``STAGES`` > 1 has the compiler pipeline the
-    # loads through shared memory, that many steps deep, with no registers held for them.
-    if PREFETCH:
-        t = t_start + offs_t
-        ok = t < t_end
-        k_raw = K_DESC.load([head, t_start, 0]).reshape(BLOCK_T, D // 4)
-        v_raw = V_DESC.load([head, t_start, 0]).reshape(BLOCK_T, D // 4)
-        ks = tl.full((BLOCK_T,), 1.0, tl.float32)
-        vs = tl.full((BLOCK_T,), 1.0, tl.float32)
-        if PER_TOKEN:  # masked: scales past T may be a buffer's unwritten spare (NaN times 0 is NaN)
-            ks = tl.where(ok, KS_DESC.load([ks_start + t_start]), 0.0)
-            vs = tl.where(ok, VS_DESC.load([vs_start + t_start]), 0.0)
     for t0 in tl.range(t_start, t_end, BLOCK_T, num_stages=STAGES):
         ok = t0 + offs_t < t_end
-        if PREFETCH:
-            k_next = K_DESC.load([head, t0 + BLOCK_T, 0]).reshape(BLOCK_T, D // 4)
-            v_next = V_DESC.load([head, t0 + BLOCK_T, 0]).reshape(BLOCK_T, D // 4)
-            ks_next = ks
-            vs_next = vs
-            if PER_TOKEN:
-                ok_next = t0 + BLOCK_T + offs_t < t_end
-                ks_next = tl.where(ok_next, KS_DESC.load([ks_start + t0 + BLOCK_T]), 0.0)
-                vs_next = tl.where(ok_next, VS_DESC.load([vs_start + t0 + BLOCK_T]), 0.0)
-        else:
-            t = t0 + offs_t
-            k_raw = K_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
-            v_raw = V_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
-            if PER_TOKEN:
-                ks = tl.where(ok, KS_DESC.load([ks_start + t0]), 0.0)
-                vs = tl.where(ok, VS_DESC.load([vs_start + t0]), 0.0)
+        k_raw = K_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
+        v_raw = V_DESC.load([head, t0, 0]).reshape(BLOCK_T, D // 4)
+        if PER_TOKEN:  # masked: scales past T may be a buffer's unwritten spare (NaN times 0 is NaN)
+            ks = tl.where(ok, KS_DESC.load([ks_start + t0]), 0.0)
+            vs = tl.where(ok, VS_DESC.load([vs_start + t0]), 0.0)
         k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
         s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
         if PER_TOKEN:
@@ -215,8 +191,6 @@ def _decode_split_int8_kernel(
         acc1 += p[:, None] * v1
         acc2 += p[:, None] * v2
         acc3 += p[:, None] * v3
-        if PREFETCH:
-            k_raw, v_raw, ks, vs = k_next, v_next, ks_next, vs_next
     out_ptr = PART_ACC + (bh * num_splits + split) * D + w * 4
     tl.store(out_ptr, tl.sum(acc0, axis=0))
     tl.store(out_ptr + 1, tl.sum(acc1, axis=0))
@@ -290,17 +264,17 @@ def _decode_merge_kernel(
 
 # -- launch configuration --------------------------------------------------------------------------
 #: (BLOCK_T, num_warps) candidates. At D = 128 each thread holds 32 to 64 values of the four
-#: accumulator tiles; sm_90 compiles put (32, 4) and (64, 8) at ~124 registers (4 resp. 2 resident
-#: programs per SM, each with two packed K/V tiles in flight under the register prefetch: ~64 KB per
-#: SM, above the ~25 KB that Little's law asks of 4.5 TB/s at ~700 ns), and the larger tiles at ~230.
+#: accumulator tiles; sm_90 builds put (32, 4) at ~80-95 registers and (64, 4) at ~128-154 (the
+#: H200 autotuner picks (64, 4) for the target shapes).
 _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
-#: (PREFETCH, STAGES): the register prefetch, or the compiler's shared-memory pipeline 3 or 4 steps
-#: deep (4 only for tiles of <= 64 tokens: 128 x 128 int8 x K and V x 4 stages would be 128 KB).
-_OVERLAPS = ((True, 1), (False, 3), (False, 4))
+#: Pipeline depths for the int8 kernel's descriptor loads (4 only for tiles of <= 64 tokens: 128 x
+#: 128 int8 x K and V x 4 stages would be 128 KB of shared memory). An earlier register prefetch of
+#: the next tile lost 2.4-3.6x to the pipeline once loads went through descriptors (H200): a
+#: descriptor load outside the pipeliner waits for its own copy.
+_STAGES = (3, 4)
 _SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt, w in _SPLIT_SHAPES]
-_INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "PREFETCH": prefetch, "STAGES": stages}, num_warps=w,
-                                     pre_hook=fit_descriptor_blocks)
-                       for bt, w in _SPLIT_SHAPES for prefetch, stages in _OVERLAPS if stages < 4 or bt <= 64]
+_INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "STAGES": stages}, num_warps=w, pre_hook=fit_descriptor_blocks)
+                       for bt, w in _SPLIT_SHAPES for stages in _STAGES if stages < 4 or bt <= 64]
 #: The best tile depends on the split length and how many splits (programs) there are.
 _INT8_KEY = ["split_len", "num_splits", "D", "PER_TOKEN", "PTX_DEQUANT"]
 _split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
@@ -416,17 +390,16 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
 def int8_decode_attention(
     q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
     granularity: str, sm_scale: float | None = None, split_len: int | None = None,
-    ptx_dequant: bool | None = None, prefetch: bool | None = None, products: str = "fma",
+    ptx_dequant: bool | None = None, stages: int | None = None, products: str = "fma",
 ) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
 
     q: (B, H, D); k_q, v_q: (B, H, T, D) int8 from ``quantize_kv``; scales (B, H, T) for
     ``granularity="token"`` or (B, H, D) for ``"channel"``. Returns (B, H, D) in q's dtype.
     ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
-    ``prefetch`` (tests) forces the load overlap: True the register prefetch, False the compiler's
-    3-stage pipeline, on a fixed tile; by default the GPU autotunes it with the tile, and the
-    interpreter runs the register prefetch. ``products`` picks the CUDA-core (``"fma"``) or the tensor-core
-    (``"dot"``, head_dim >= 64; ``prefetch`` does not apply) kernel.
+    ``stages`` (tests) forces one config, 64-token blocks on 4 warps with loads pipelined that many
+    steps deep (1: none); by default the GPU autotunes tile and depth, and the interpreter runs 1.
+    ``products`` picks the CUDA-core (``"fma"``) or the tensor-core (``"dot"``, head_dim >= 64) kernel.
     """
     _check_shapes(q, k_q, v_q)
     if k_q.dtype != torch.int8 or v_q.dtype != torch.int8:
@@ -453,18 +426,13 @@ def int8_decode_attention(
             vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)
     ptx = _on_gpu(q) and ptx_dequant is not False
-    if products == "dot":
-        if _on_gpu(q):
-            _split_int8_dot_tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
-        else:
-            decode_split_int8_dot_kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token,
-                                               PTX_DEQUANT=False, STAGES=1, num_warps=4)
-    elif _on_gpu(q) and prefetch is None:
-        _split_int8_tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+    kernel, tuned = ((decode_split_int8_dot_kernel, _split_int8_dot_tuned) if products == "dot"
+                     else (_decode_split_int8_kernel, _split_int8_tuned))
+    if _on_gpu(q) and stages is None:
+        tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
     else:
-        forced = True if prefetch is None else prefetch
-        _decode_split_int8_kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
-                                        PREFETCH=forced, STAGES=1 if forced else 3, num_warps=4)
+        kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
+                     STAGES=1 if stages is None else stages, num_warps=4)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 

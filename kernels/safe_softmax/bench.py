@@ -50,9 +50,17 @@ def gpu_header(title: str) -> None:
           f"python {platform.python_version()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
-def measure(fn: Callable[[], object], label: str, warmup: int = 25, rep: int = 100) -> float | None:
-    """Median ms of ``fn`` under do_bench; a failure prints its error and returns None."""
+def measure(fn: Callable[[], object], label: str, warmup: int = 25, rep: int = 100, graphs: bool = False
+            ) -> float | None:
+    """Median ms of ``fn`` under do_bench; a failure prints its error and returns None.
+
+    ``graphs``: replay ``fn`` from a CUDA graph (``do_bench_cudagraph``), which times the device work
+    alone. Plain do_bench also times any gap the host leaves between launches: a call whose Python
+    and launch cost exceeds its GPU time is host-bound, and its figure is then the host's.
+    """
     try:
+        if graphs:
+            return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
     except Exception as exc:  # one broken variant must not end the whole run
         print(f"   {label}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -60,18 +68,18 @@ def measure(fn: Callable[[], object], label: str, warmup: int = 25, rep: int = 1
         return None
 
 
-def interleaved_medians(thunks: Mapping[str, Callable[[], object]], rounds: int = 5, rep: int = 40
-                        ) -> dict[str, tuple[float, float, float] | None]:
+def interleaved_medians(thunks: Mapping[str, Callable[[], object]], rounds: int = 5, rep: int = 40,
+                        graphs: bool = False) -> dict[str, tuple[float, float, float] | None]:
     """(median, min, max) over ``rounds`` of each thunk's do_bench median, the thunks taking turns in
     every round (None for one that failed). A transient on the GPU then moves one round of every
     variant, not one variant's whole figure: one int8 bench row once read 28% slow against the
-    autotuner's timing of the same config a moment earlier."""
+    autotuner's timing of the same config a moment earlier. ``graphs`` as in ``measure``."""
     per_round: dict[str, list[float]] = {name: [] for name in thunks}
     failed: set[str] = set()
     for _ in range(rounds):
         for name, fn in thunks.items():
             if name not in failed:
-                ms = measure(fn, name, warmup=10, rep=rep)
+                ms = measure(fn, name, warmup=10, rep=rep, graphs=graphs)
                 if ms is None:
                     failed.add(name)
                 else:
