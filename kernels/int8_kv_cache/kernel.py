@@ -129,12 +129,12 @@ def _decode_split_int8_kernel(
     K and V are read as int32 words (four int8 each) through tensor descriptors over (batch*heads, T,
     D/4) with (1, BLOCK_T, D/4) blocks (``descriptors.py``); the compiler pipelines those loads
     through shared memory ``STAGES`` steps deep. A tile unpacks to four fp32 tiles holding channels
-    4w + j. q and the output are split the
-    same way, so nothing is ever re-interleaved. Scales are applied outside the D-wide products: a
-    per-channel K scale is folded into q once, a per-token K scale multiplies the scores, a
-    per-token V scale multiplies the weights, and a per-channel V scale is left to the merge kernel
-    (it commutes with the sum over tokens). The accumulators are (BLOCK_T, D/4) tiles reduced over T
-    once at the end, so the loop has no cross-warp reduction of D-wide vectors.
+    4w + j; q and the output are split the same way, so nothing is ever re-interleaved. Scales are
+    applied outside the D-wide products: a per-channel K scale is folded into q once, a per-token K
+    scale multiplies the scores, a per-token V scale multiplies the weights, and a per-channel V
+    scale is left to the merge kernel (it commutes with the sum over tokens). The accumulators are
+    (BLOCK_T, D/4) tiles reduced over T once at the end, so the loop has no cross-warp reduction of
+    D-wide vectors.
     """
     split = tl.program_id(0)
     head = tl.program_id(1)
@@ -422,6 +422,7 @@ def int8_decode_attention(
     # on the GPU each autotuner config sets its own block (fit_descriptor_blocks); forced runs use this one
     block_t = 64 if _on_gpu(q) else _INTERP_BLOCK_T
     (ks_desc, ks_stride), (vs_desc, vs_stride) = scale_descriptor(k_scale, block_t), scale_descriptor(v_scale, block_t)
+    # K_SCALE (per-channel scales, loaded by pointer) is the tensor behind ks_desc, so it shares ks_stride
     args = (q, cache_descriptor(k_words, block_t), cache_descriptor(v_words, block_t), ks_desc.base, ks_desc,
             vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)

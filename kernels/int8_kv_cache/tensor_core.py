@@ -4,7 +4,10 @@ Why: the CUDA-core kernel (``kernel.py``) spends ~13 instructions per int32 word
 four float subtractions, four FMAs), and its accumulators are (BLOCK_T, D) fp32 tiles, so registers
 cap the token block at 32. Here four bytes become fp16 values in 5 instructions, the
 products run on tensor cores, and the accumulator is (16, D) whatever the token block, so blocks of
-64-256 tokens stream through a deep shared-memory pipeline.
+64-256 tokens stream through a deep shared-memory pipeline. Measured on the H200 (README): once both
+kernels read through TMA descriptors, this one is 5-15% slower than the CUDA-core kernel. It holds
+168 registers, so only 3 programs fit per SM, and it stalls on loads. It is therefore an option,
+not the default.
 
 How, exactly:
 - A byte ``q`` becomes the fp16 value ``q`` in 5 instructions per word of four: bits 0x6400 |
@@ -181,7 +184,6 @@ def decode_split_int8_dot_kernel(
 #: x 2 x 4 = 128 KB at the deepest).
 _DOT_SHAPES = ((32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3),
                (128, 8, 3), (128, 8, 4), (256, 8, 2))
-
 DOT_CONFIGS = [triton.Config({"BLOCK_T": bt, "STAGES": stages}, num_warps=warps, pre_hook=fit_descriptor_blocks)
                for bt, warps, stages in _DOT_SHAPES]
 #: The smallest head_dim the dot kernel takes: each of the four channel tiles is a dot's K of >= 16.
