@@ -26,8 +26,8 @@ def scale_descriptor(scale: torch.Tensor, block_t: int) -> tuple[TensorDescripto
 
     A block must start 16-byte aligned, so the head stride must be a multiple of 4 scales. A cache
     buffer allocated for a round context length has that already; otherwise the scales are copied
-    into a padded buffer (B*H*T*4 bytes, ~1% of the int8 cache's traffic at D = 128). Returns the
-    descriptor and the head stride to index it with."""
+    into a padded buffer (each copy reads and writes B*H*T*4 bytes, ~1.5% of the int8 cache's bytes
+    at D = 128). Returns the descriptor and the head stride to index it with."""
     if scale.stride(1) % 4:
         scale = torch.nn.functional.pad(scale, (0, -scale.shape[2] % 4))[..., :scale.shape[2]]
     b, h = scale.shape[:2]

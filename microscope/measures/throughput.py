@@ -25,9 +25,10 @@ from microscope.config import ThroughputConfig
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H100/H200: 50 MB)
 #: GPU clock cycles of queued work ahead of each timed call (~1 ms at the H200's 1.98 GHz): the
-#: host's launch work must fit under it. 0.1 ms did not: the int8 KV-cache decode wrapper spends
-#: ~0.37 ms of host time per call (two launches, four TMA descriptors encoded on the host), and a
-#: 0.27 ms kernel then timed as 0.37 ms.
+#: host's launch work must fit under it, or the excess is timed as GPU time. 0.1 ms was too little
+#: for the int8 KV-cache decode wrapper, which spends ~0.37 ms of host time per call (two launches,
+#: four TMA descriptors encoded on the host): its bench timed the 0.27 ms kernel at 0.37 ms with
+#: plain back-to-back launches.
 LAUNCH_COVER_CYCLES = 2_000_000
 
 
