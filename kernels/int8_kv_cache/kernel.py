@@ -322,7 +322,7 @@ def _sm_count(device_index: int) -> int:
 def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 8) -> int:
     """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~``waves``
     waves of 4 resident programs per SM, and at most MAX_SPLITS splits so the merge stays one
-    program per head. 8 waves: on the H200 both int8 kernels ran 1-5% faster at 8 waves than at 16
+    program per head. 8 waves: on the H200 both int8 kernels ran 0.6-10% faster at 8 waves than at 16
     (the split sweep in the README), and the last, partial wave still costs only a few percent."""
     wanted_programs = waves * 4 * sm_count
     split_len = triton.cdiv(tokens * heads_total, wanted_programs)
