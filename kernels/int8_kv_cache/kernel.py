@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
+from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
 
 from microscope.api import interpreting
@@ -141,17 +142,8 @@ def _decode_split_int8_kernel(
     bh = head.to(tl.int64)
     w = tl.arange(0, D // 4)
     offs_t = tl.arange(0, BLOCK_T)
-    q_ptr = Q + bh * stride_qbh + w * 4
-    q0 = tl.load(q_ptr).to(tl.float32) * qk_scale  # qk_scale = sm_scale * log2(e)
-    q1 = tl.load(q_ptr + 1).to(tl.float32) * qk_scale
-    q2 = tl.load(q_ptr + 2).to(tl.float32) * qk_scale
-    q3 = tl.load(q_ptr + 3).to(tl.float32) * qk_scale
-    if not PER_TOKEN:
-        ks_ptr = K_SCALE + bh * stride_ksbh + w * 4
-        q0 = q0 * tl.load(ks_ptr)
-        q1 = q1 * tl.load(ks_ptr + 1)
-        q2 = q2 * tl.load(ks_ptr + 2)
-        q3 = q3 * tl.load(ks_ptr + 3)
+    q0, q1, q2, q3 = load_query_tiles(Q, K_SCALE, bh, stride_qbh, stride_ksbh, w, PER_TOKEN)
+    q0, q1, q2, q3 = q0 * qk_scale, q1 * qk_scale, q2 * qk_scale, q3 * qk_scale  # sm_scale * log2(e)
     t_start = split * split_len
     t_end = tl.minimum(t_start + split_len, T)
     ks_start = head * stride_ksbh  # per-token scales: flat 1-D descriptors
@@ -191,14 +183,7 @@ def _decode_split_int8_kernel(
         acc1 += p[:, None] * v1
         acc2 += p[:, None] * v2
         acc3 += p[:, None] * v3
-    out_ptr = PART_ACC + (bh * num_splits + split) * D + w * 4
-    tl.store(out_ptr, tl.sum(acc0, axis=0))
-    tl.store(out_ptr + 1, tl.sum(acc1, axis=0))
-    tl.store(out_ptr + 2, tl.sum(acc2, axis=0))
-    tl.store(out_ptr + 3, tl.sum(acc3, axis=0))
-    part = bh * num_splits + split
-    tl.store(PART_ML + part * 2, m_i)
-    tl.store(PART_ML + part * 2 + 1, tl.sum(l_vec, axis=0))
+    store_partial(PART_ACC, PART_ML, bh, split, num_splits, w, acc0, acc1, acc2, acc3, m_i, l_vec, D)
 
 
 @triton.jit
@@ -269,7 +254,7 @@ def _decode_merge_kernel(
 _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
 #: Pipeline depths for the int8 kernel's descriptor loads (4 only for tiles of <= 64 tokens: 128 x
 #: 128 int8 x K and V x 4 stages would be 128 KB of shared memory). An earlier register prefetch of
-#: the next tile lost 2.4-3.6x to the pipeline once loads went through descriptors (H200): a
+#: the next tile lost 1.6-2.7x to the pipeline once loads went through descriptors (H200): a
 #: descriptor load outside the pipeliner waits for its own copy.
 _STAGES = (3, 4)
 _SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt, w in _SPLIT_SHAPES]
@@ -322,7 +307,7 @@ def _sm_count(device_index: int) -> int:
 def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 8) -> int:
     """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~``waves``
     waves of 4 resident programs per SM, and at most MAX_SPLITS splits so the merge stays one
-    program per head. 8 waves: on the H200 both int8 kernels ran 0.6-10% faster at 8 waves than at 16
+    program per head. 8 waves: on the H200 both int8 kernels ran 0.6-11% faster at 8 waves than at 16
     (the split sweep in the README), and the last, partial wave still costs only a few percent."""
     wanted_programs = waves * 4 * sm_count
     split_len = triton.cdiv(tokens * heads_total, wanted_programs)

@@ -2,12 +2,14 @@
 
 Why: the CUDA-core kernel (``kernel.py``) spends ~13 instructions per int32 word of K or V (unpack,
 four float subtractions, four FMAs), and its accumulators are (BLOCK_T, D) fp32 tiles, so registers
-cap the token block at 32. Here four bytes become fp16 values in 5 instructions, the
+limit its token block (64 on the H200). Here four bytes become fp16 values in 5 instructions, the
 products run on tensor cores, and the accumulator is (16, D) whatever the token block, so blocks of
-64-256 tokens stream through a deep shared-memory pipeline. Measured on the H200 (README): once both
-kernels read through TMA descriptors, this one is 5-15% slower than the CUDA-core kernel. It holds
-168 registers, so only 3 programs fit per SM, and it stalls on loads. It is therefore an option,
-not the default.
+64-256 tokens stream through a deep shared-memory pipeline.
+
+Measured on the H200 (README): once both kernels read through TMA descriptors, this one is 4-14%
+slower than the CUDA-core kernel (the autotuners' own best timings, 15:04 run). It holds 168
+registers, so only 3 programs fit per SM, and it stalls on loads. It is therefore an option, not
+the default.
 
 How, exactly:
 - A byte ``q`` becomes the fp16 value ``q`` in 5 instructions per word of four: bits 0x6400 |
@@ -28,6 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from microscope_kernels.int8_kv_cache.descriptors import fit_descriptor_blocks
+from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 
 
 @triton.jit
@@ -102,17 +105,7 @@ def decode_split_int8_dot_kernel(
     w = tl.arange(0, D // 4)
     offs_t = tl.arange(0, BLOCK_T)
     rows = tl.arange(0, 16)
-    q_ptr = Q + bh * stride_qbh + w * 4
-    q0 = tl.load(q_ptr).to(tl.float32)
-    q1 = tl.load(q_ptr + 1).to(tl.float32)
-    q2 = tl.load(q_ptr + 2).to(tl.float32)
-    q3 = tl.load(q_ptr + 3).to(tl.float32)
-    if not PER_TOKEN:  # a per-channel K scale folds into q once
-        ks_ptr = K_SCALE + bh * stride_ksbh + w * 4
-        q0 = q0 * tl.load(ks_ptr)
-        q1 = q1 * tl.load(ks_ptr + 1)
-        q2 = q2 * tl.load(ks_ptr + 2)
-        q3 = q3 * tl.load(ks_ptr + 3)
+    q0, q1, q2, q3 = load_query_tiles(Q, K_SCALE, bh, stride_qbh, stride_ksbh, w, PER_TOKEN)
     q_max = tl.maximum(tl.maximum(tl.max(tl.abs(q0), axis=0), tl.max(tl.abs(q1), axis=0)),
                        tl.maximum(tl.max(tl.abs(q2), axis=0), tl.max(tl.abs(q3), axis=0)))
     q_unit = _pow2_unit(q_max)
@@ -169,14 +162,7 @@ def decode_split_int8_dot_kernel(
             acc1 = tl.dot(pm, v1, acc1)
             acc2 = tl.dot(pm, v2, acc2)
             acc3 = tl.dot(pm, v3, acc3)
-    out_ptr = PART_ACC + (bh * num_splits + split) * D + w * 4
-    tl.store(out_ptr, tl.sum(acc0, axis=0))
-    tl.store(out_ptr + 1, tl.sum(acc1, axis=0))
-    tl.store(out_ptr + 2, tl.sum(acc2, axis=0))
-    tl.store(out_ptr + 3, tl.sum(acc3, axis=0))
-    part = bh * num_splits + split
-    tl.store(PART_ML + part * 2, m_i)
-    tl.store(PART_ML + part * 2 + 1, tl.sum(l_vec, axis=0))
+    store_partial(PART_ACC, PART_ML, bh, split, num_splits, w, acc0, acc1, acc2, acc3, m_i, l_vec, D)
 
 
 #: (BLOCK_T, num_warps, STAGES). The accumulator is (16, D) fp32 whatever the block, so blocks of up

@@ -72,7 +72,7 @@ def interleaved_medians(thunks: Mapping[str, Callable[[], object]], rounds: int 
                         graphs: bool = False) -> dict[str, tuple[float, float, float] | None]:
     """(median, min, max) over ``rounds`` of each thunk's do_bench median, the thunks taking turns in
     every round (None for one that failed). A transient on the GPU then moves one round of every
-    variant, not one variant's whole figure: one int8 bench row once read 28% slow against the
+    variant, not one variant's whole figure: one int8 bench row once read 32-50% slow against the
     autotuner's timing of the same config a moment earlier. ``graphs`` as in ``measure``."""
     per_round: dict[str, list[float]] = {name: [] for name in thunks}
     failed: set[str] = set()
