@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
+from microscope_kernels.int8_kv_cache.direct_launch import DirectLauncher
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
 
@@ -265,6 +266,15 @@ _INT8_KEY = ["split_len", "num_splits", "D", "PER_TOKEN", "PTX_DEQUANT"]
 _split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
 _split_int8_dot_tuned = triton.autotune(configs=DOT_CONFIGS, key=_INT8_KEY)(decode_split_int8_dot_kernel)
 _split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
+#: Every launch goes through a DirectLauncher: after the first call per specialization it skips
+#: Triton's per-call dispatch, which made plain-launch decode host-bound (direct_launch.py).
+#: ``_LAUNCH_INT8[(products, autotuned)]``; the forced configs serve tests and the interpreter.
+_LAUNCH_INT8 = {("fma", True): DirectLauncher(_split_int8_tuned),
+                ("fma", False): DirectLauncher(_decode_split_int8_kernel),
+                ("dot", True): DirectLauncher(_split_int8_dot_tuned),
+                ("dot", False): DirectLauncher(decode_split_int8_dot_kernel)}
+_LAUNCH_FP = {True: DirectLauncher(_split_fp_tuned), False: DirectLauncher(_decode_split_kernel)}
+_LAUNCH_MERGE = DirectLauncher(_decode_merge_kernel)
 
 
 def _int8_tuner(products: str) -> triton.runtime.Autotuner:
@@ -319,10 +329,10 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and not interpreting()
 
 
-def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None) -> tuple[int, int]:
+def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) -> tuple[int, int]:
     bh = q.shape[0] * q.shape[1]
     if split_len is None:
-        if _on_gpu(q):
+        if gpu:
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             split_len = choose_split_len(tokens, bh, _sm_count(index))
         else:
@@ -365,10 +375,9 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
     store_dtype = torch.float32 if interpreting() and dtype == torch.bfloat16 else dtype
     out = torch.empty((b, h, d), device=part_acc.device, dtype=store_dtype)
     scale = v_scale if v_scale is not None else part_ml
-    _decode_merge_kernel[(b * h,)](part_acc, part_ml, scale, out, num_splits,
-                                   scale.stride(1) if per_channel_v else 0, d,
-                                   D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-                                   V_SCALE_PER_CHANNEL=per_channel_v, num_warps=4)
+    _LAUNCH_MERGE((b * h,), part_acc, part_ml, scale, out, num_splits, scale.stride(1) if per_channel_v else 0, d,
+                  D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), V_SCALE_PER_CHANNEL=per_channel_v,
+                  num_warps=4)
     return out.to(dtype)
 
 
@@ -399,26 +408,25 @@ def int8_decode_attention(
     q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
     k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
-    split_len, num_splits = _split_plan(q, t, split_len)
+    gpu = _on_gpu(q)
+    split_len, num_splits = _split_plan(q, t, split_len, gpu)
     part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
     qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
     per_token = granularity == "token"
     # on the GPU each autotuner config sets its own block (fit_descriptor_blocks); forced runs use this one
-    block_t = 64 if _on_gpu(q) else _INTERP_BLOCK_T
+    block_t = 64 if gpu else _INTERP_BLOCK_T
     (ks_desc, ks_stride), (vs_desc, vs_stride) = scale_descriptor(k_scale, block_t), scale_descriptor(v_scale, block_t)
     # K_SCALE (per-channel scales, loaded by pointer) is the tensor behind ks_desc, so it shares ks_stride
     args = (q, cache_descriptor(k_words, block_t), cache_descriptor(v_words, block_t), ks_desc.base, ks_desc,
             vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)
-    ptx = _on_gpu(q) and ptx_dequant is not False
-    kernel, tuned = ((decode_split_int8_dot_kernel, _split_int8_dot_tuned) if products == "dot"
-                     else (_decode_split_int8_kernel, _split_int8_tuned))
-    if _on_gpu(q) and stages is None:
-        tuned[grid](*args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+    ptx = gpu and ptx_dequant is not False
+    if gpu and stages is None:
+        _LAUNCH_INT8[products, True](grid, *args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
     else:
-        kernel[grid](*args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
-                     STAGES=1 if stages is None else stages, num_warps=4)
+        _LAUNCH_INT8[products, False](grid, *args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
+                                      STAGES=1 if stages is None else stages, num_warps=4)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 
@@ -428,14 +436,15 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale
     _check_shapes(q, k, v)
     b, h, t, d = k.shape
     q, k, v = _by_head(q), _by_head(k), _by_head(v)
-    split_len, num_splits = _split_plan(q, t, split_len)
+    gpu = _on_gpu(q)
+    split_len, num_splits = _split_plan(q, t, split_len, gpu)
     part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
     qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
     args = (q, k, v, part_acc, part_ml, t, split_len, num_splits, qk_scale,
             q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2))
-    if _on_gpu(q):
-        _split_fp_tuned[(num_splits, b * h)](*args, D=d)
+    if gpu:
+        _LAUNCH_FP[True]((num_splits, b * h), *args, D=d)
     else:
-        _decode_split_kernel[(num_splits, b * h)](*args, D=d, BLOCK_T=_INTERP_BLOCK_T, num_warps=4)
+        _LAUNCH_FP[False]((num_splits, b * h), *args, D=d, BLOCK_T=_INTERP_BLOCK_T, num_warps=4)
     return _merge(part_acc, part_ml, None, q.shape, q.dtype, num_splits, per_channel_v=False)
