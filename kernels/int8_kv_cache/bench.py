@@ -36,6 +36,7 @@ from microscope_kernels.safe_softmax.bench import (
     check,
     copy_bandwidth_gbps,
     gpu_header,
+    gpu_state,
     interleaved_medians,
     measure,
     print_table,
@@ -121,7 +122,9 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Se
     tables = []
     for graphs in (False, True):
         rows = []
-        for name, timing in interleaved_medians(thunks, graphs=graphs).items():
+        timings = interleaved_medians(thunks, graphs=graphs)
+        print(f"   {shape} GPU right after the {'CUDA-graph' if graphs else 'plain-launch'} rounds: {gpu_state()}")
+        for name, timing in timings.items():
             spread = f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else ""
             rows.append(Row(shape, name, timing[0] if timing else None, nbytes[name],
                             note="; ".join(n for n in (notes[name], spread) if n)))

@@ -4,7 +4,7 @@ Checks correctness on the GPU first, measures the device's copy bandwidth in the
 times every variant with ``triton.testing.do_bench`` (median, L2 flushed between calls) and prints
 a compact table last. ``main()`` returns the rows so one process can run all the rooms' benches.
 
-The small helpers here (``gpu_header``, ``copy_bandwidth_gbps``, ``measure``, ``interleaved_medians``,
+The small helpers here (``gpu_header``, ``gpu_state``, ``copy_bandwidth_gbps``, ``measure``, ``interleaved_medians``,
 ``print_table``) are shared by the fused_layernorm_gelu and int8_kv_cache bench scripts.
 """
 
@@ -48,6 +48,20 @@ def gpu_header(title: str) -> None:
     print(f"   GPU {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}, triton {triton.__version__}, "
           f"python {platform.python_version()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def gpu_state() -> str:
+    """SM clock, power and temperature now, through NVML ("" where NVML is unavailable).
+
+    Why: an issue-bound kernel slows when the GPU lowers its SM clock under sustained load (power or
+    heat), while a bandwidth-bound peer barely moves; the int8 decode kernel's figures moved by up to
+    25% between H200 machines while SDPA's moved 3%. Printed right after timing, beside the figures.
+    """
+    try:
+        return (f"SM clock {torch.cuda.clock_rate()} MHz, power {torch.cuda.power_draw() / 1000:.0f} W, "
+                f"{torch.cuda.temperature()} C")
+    except Exception:  # no pynvml, or not an NVIDIA GPU
+        return ""
 
 
 def measure(fn: Callable[[], object], label: str, warmup: int = 25, rep: int = 100, graphs: bool = False
