@@ -55,7 +55,7 @@ def gpu_state() -> str:
 
     Why: an issue-bound kernel slows when the GPU lowers its SM clock under sustained load (power or
     heat), while a bandwidth-bound peer barely moves; the int8 decode kernel's figures moved by up to
-    25% between H200 machines while SDPA's moved 3%. Printed right after timing, beside the figures.
+    29% between H200 machines while SDPA's moved 3%. Printed right after timing, beside the figures.
     """
     try:
         return (f"SM clock {torch.cuda.clock_rate()} MHz, power {torch.cuda.power_draw() / 1000:.0f} W, "
