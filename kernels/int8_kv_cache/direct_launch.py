@@ -39,6 +39,11 @@ def specialization(value: Any, exact: bool = False) -> Hashable:
     """The part of ``value`` that Triton compiles a kernel for (``exact``: the value itself)."""
     if exact:
         return ("=", value)
+    kind = type(value)  # exact-type checks first: this runs for every argument of every launch
+    if kind is torch.Tensor:
+        return ("tensor", value.dtype, value.data_ptr() % 16 == 0)
+    if kind is int:
+        return ("int", value == 1, value % 16 == 0, value in _I32)
     if isinstance(value, torch.Tensor):
         return ("tensor", value.dtype, value.data_ptr() % 16 == 0)
     if isinstance(value, (bool, str)) or value is None:

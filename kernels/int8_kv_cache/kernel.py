@@ -302,6 +302,12 @@ def tuned_split_config(split_len: int, tokens: int, head_dim: int, per_token: bo
     return None
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) in plain Python: ``triton.cdiv`` is a constexpr function, and calling one from the
+    host costs microseconds each (argument unwrapping), on a path that runs every decode step."""
+    return -(-a // b)
+
+
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
 MAX_SPLITS = 128
 #: Under the interpreter: small token blocks and splits, so tiny test caches still use several splits.
@@ -320,9 +326,9 @@ def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 
     program per head. 8 waves: on the H200 both int8 kernels ran 0.6-11% faster at 8 waves than at 16
     (the split sweep in the README), and the last, partial wave still costs only a few percent."""
     wanted_programs = waves * 4 * sm_count
-    split_len = triton.cdiv(tokens * heads_total, wanted_programs)
-    split_len = max(split_len, triton.cdiv(tokens, MAX_SPLITS), 1)
-    return min(max(256, triton.cdiv(split_len, 256) * 256), max(256, triton.cdiv(tokens, 256) * 256))
+    split_len = _cdiv(tokens * heads_total, wanted_programs)
+    split_len = max(split_len, _cdiv(tokens, MAX_SPLITS), 1)
+    return min(max(256, _cdiv(split_len, 256) * 256), max(256, _cdiv(tokens, 256) * 256))
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -336,9 +342,9 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) 
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             split_len = choose_split_len(tokens, bh, _sm_count(index))
         else:
-            blocks = triton.cdiv(triton.cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
+            blocks = _cdiv(_cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
             split_len = max(_INTERP_SPLIT, blocks * _INTERP_BLOCK_T)
-    num_splits = triton.cdiv(tokens, split_len)
+    num_splits = _cdiv(tokens, split_len)
     if num_splits > MAX_SPLITS:
         raise ValueError(f"split_len={split_len} gives {num_splits} splits > {MAX_SPLITS}")
     return split_len, num_splits
@@ -376,7 +382,7 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
     out = torch.empty((b, h, d), device=part_acc.device, dtype=store_dtype)
     scale = v_scale if v_scale is not None else part_ml
     _LAUNCH_MERGE((b * h,), part_acc, part_ml, scale, out, num_splits, scale.stride(1) if per_channel_v else 0, d,
-                  D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), V_SCALE_PER_CHANNEL=per_channel_v,
+                  D=d, BLOCK_S=max(2, 1 << (num_splits - 1).bit_length()), V_SCALE_PER_CHANNEL=per_channel_v,
                   num_warps=4)
     return out.to(dtype)
 
