@@ -7,13 +7,14 @@
 #   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
 #   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench
 #   bash .ci/gpu_session.sh ncu                     # Nsight Compute on the int8 decode kernels
+#   bash .ci/gpu_session.sh host                    # host time per int8 decode call, both launch paths
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
 # run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120), CATALOGUE_LIMIT
 # each catalogue operator run's (120), GPU_TEST_LIMIT the GPU-marked tests' (420), KERNEL_TEST_LIMIT the
-# GPU kernel tests' (240). The catalogue's model-level configs run as run:int8_kv_cache_model and
-# run:fused_layernorm_gelu_model.
+# GPU kernel tests' (240), HOST_LIMIT the host-cost run's (150). The catalogue's model-level configs
+# run as run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
@@ -74,7 +75,7 @@ catalogue() {  # the catalogue plugins through microscope, operator level, on th
 }
 # The kernel tests that put their tensors on the GPU when one is present (CI runs them interpreted).
 KERNEL_TESTS=(tests/kernels/test_flash_attn_kernel.py tests/kernels/test_fused_layernorm_gelu.py
-  tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
+  tests/kernels/test_direct_launch.py tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
 tests() {  # the GPU-marked tests, then every kernel test natively on the GPU
   # every operator plugin through the runner on CUDA, torch.compile peers included: > 150 s on an H200
   step gpu-tests "${GPU_TEST_LIMIT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider
@@ -91,13 +92,18 @@ ncu_int8() {  # one launch of each int8 split kernel at B64 H8 T32768, the secti
     --section SchedulerStats --section MemoryWorkloadAnalysis python3 .ci/ncu_int8.py
 }
 
+host_cost() {  # host us per decode call (GPU busy behind a sleep kernel), Triton dispatch vs direct launch
+  step host-cost "${HOST_LIMIT:-150}" python3 -m microscope_kernels.int8_kv_cache.host_cost
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     flash | benches | planted | model | catalogue | tests) "$part" ;;
     ncu) ncu_int8 ;;
+    host) host_cost ;;
     run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
     bench:*) bench "${part#bench:}" ;;  # one room's bench, e.g. bench:int8_kv_cache
-    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, run:CONFIG, bench:ROOM)" |
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, host, run:CONFIG, bench:ROOM)" |
       tee -a "$log" ;;
   esac
 done
