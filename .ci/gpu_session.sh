@@ -12,9 +12,10 @@
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
 # run's limit in seconds (default 600), BENCH_LIMIT each kernel bench's (default 120), CATALOGUE_LIMIT
-# each catalogue operator run's (120), GPU_TEST_LIMIT the GPU-marked tests' (420), KERNEL_TEST_LIMIT the
-# GPU kernel tests' (240), HOST_LIMIT the host-cost run's (150). The catalogue's model-level configs
-# run as run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
+# each catalogue operator run's (120), GPU_TEST_LIMIT the GPU-marked tests' (420), GPU_PLUGIN_LIMIT
+# the plugins-through-the-runner tests' (420), KERNEL_TEST_LIMIT the GPU kernel tests' (240),
+# HOST_LIMIT the host-cost run's (150). The catalogue's model-level configs run as
+# run:int8_kv_cache_model and run:fused_layernorm_gelu_model.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
@@ -76,9 +77,13 @@ catalogue() {  # the catalogue plugins through microscope, operator level, on th
 # The kernel tests that put their tensors on the GPU when one is present (CI runs them interpreted).
 KERNEL_TESTS=(tests/kernels/test_flash_attn_kernel.py tests/kernels/test_fused_layernorm_gelu.py
   tests/kernels/test_direct_launch.py tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
-tests() {  # the GPU-marked tests, then every kernel test natively on the GPU
-  # every operator plugin through the runner on CUDA, torch.compile peers included: > 150 s on an H200
-  step gpu-tests "${GPU_TEST_LIMIT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider
+tests() {  # the GPU-marked tests, then every operator plugin through the runner, then the kernel tests
+  # the quick GPU-marked tests first (29 s for 9 of them on an H200), so a slow one cannot hide them
+  step gpu-tests "${GPU_TEST_LIMIT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 \
+    --ignore=tests/test_gpu_plugins.py
+  # every operator plugin through the runner on CUDA, torch.compile peers included: > 400 s on an H200
+  step gpu-plugins "${GPU_PLUGIN_LIMIT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=0 \
+    tests/test_gpu_plugins.py
   step gpu-kernel-tests "${KERNEL_TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider --maxfail=10 \
     "${KERNEL_TESTS[@]}"
 }
