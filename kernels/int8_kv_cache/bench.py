@@ -6,8 +6,9 @@ the same split-K Triton kernel over the bf16 cache, and the int8 kernels (CUDA-c
 PTX or portable dequantization; tensor-core products), in 5 interleaved rounds (median and range),
 once with plain launches and once replayed from CUDA graphs (device time alone).
 GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). ``--split-sweep`` adds a
-table of the per-token kernels at several split lengths. ``main()`` returns the rows so one process
-can run all the rooms' benches.
+table of the per-token kernels at several split lengths; ``--config-sweep`` one of the CUDA-core
+kernel at each forced 4-warp config beside the autotuned one. ``main()`` returns the rows so one
+process can run all the rooms' benches.
 """
 
 from __future__ import annotations
@@ -93,11 +94,12 @@ def _correctness(dtype: torch.dtype, kernels: Sequence[str]) -> bool:
     return ok
 
 
-def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Sequence[str], sweep: bool
-                 ) -> tuple[list[Row], list[Row], list[Row]]:
+def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Sequence[str], sweep: bool,
+                 config_sweep: bool) -> tuple[list[Row], list[Row], list[Row]]:
     """Every variant on one cache shape (a function, so the caches are freed when it returns), timed
     in interleaved rounds after every autotuner has settled, with plain launches and replayed from
-    CUDA graphs; and, if asked, the per-token kernels at other split lengths."""
+    CUDA graphs; and, if asked, the per-token kernels at other split lengths and the CUDA-core kernel
+    at each forced config (the third list)."""
     q, k, v = _cache(b, h, t, d, dtype)
     full = cache_bytes(b, h, t, d, None, dtype=dtype)
     shape = f"B{b} H{h} T{t} D{d}"
@@ -129,7 +131,8 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Se
             rows.append(Row(shape, name, timing[0] if timing else None, nbytes[name],
                             note="; ".join(n for n in (notes[name], spread) if n)))
         tables.append(rows)
-    return tables[0], tables[1], (_split_sweep(q, k, v, shape) if sweep else [])
+    extra = (_split_sweep(q, k, v, shape) if sweep else []) + (_config_sweep(q, k, v, shape) if config_sweep else [])
+    return tables[0], tables[1], extra
 
 
 def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
@@ -157,6 +160,38 @@ def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) 
     return rows
 
 
+#: (block_t, stages) forced by ``--config-sweep``: the CUDA-core kernel's 4-warp configs.
+SWEEP_CONFIGS = ((32, 3), (32, 4), (64, 3), (64, 4))
+
+
+def _config_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
+    """The CUDA-core kernel at each forced 4-warp config and autotuned, both granularities, timed
+    together in interleaved rounds from CUDA graphs: whether a config the tuner prefers stays fast
+    when timed beside the others (per token at T32768, 32-token blocks timed 14-16% slower than the
+    tuner's own figure in two runs, 64-token blocks 3.5-5% in two others)."""
+    b, h, t, d = k.shape
+    thunks, nbytes = {}, {}
+    for granularity in ("token", "channel"):
+        k_q, k_s = quantize_kv(k, granularity)
+        v_q, v_s = quantize_kv(v, granularity)
+        call = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity)
+        for block_t, stages in (*SWEEP_CONFIGS, (None, None)):
+            name = f"{granularity} " + (f"block {block_t} x{stages} stages" if block_t else "autotuned")
+            thunk = functools.partial(call, block_t=block_t, stages=stages)
+            if measure(thunk, f"{name} {shape} (compile)", warmup=0, rep=1) is not None:
+                thunks[name] = thunk
+                nbytes[name] = cache_bytes(b, h, t, d, granularity)
+    timings = interleaved_medians(thunks, graphs=True)
+    print(f"   {shape} GPU right after the config sweep: {gpu_state()}")
+    split_len = choose_split_len(t, b * h, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    for granularity in ("token", "channel"):
+        print(f"   {shape} {granularity}: the autotuned rows ran "
+              f"{tuned_split_config(split_len, t, d, per_token=granularity == 'token')}")
+    return [Row(f"{shape} int8 fma", name, timing[0] if timing else None, nbytes[name],
+                note=f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else "")
+            for name, timing in timings.items()]
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -164,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                         help=f"comma-separated int8 kernels to check and time, of {', '.join(KERNELS)}")
     parser.add_argument("--split-sweep", action="store_true",
                         help="also time the per-token kernels at split lengths 256..8192 (each autotuned: minutes)")
+    parser.add_argument("--config-sweep", action="store_true",
+                        help="also time the CUDA-core kernel at each forced 4-warp config beside the autotuned one")
     args = parser.parse_args(argv)
     dtype = DTYPES[args.dtype]  # choices limit it to bf16/fp16
     kernels = [name.strip() for name in args.kernels.split(",") if name.strip()]
@@ -177,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     graphed: list[Row] = []
     sweep: list[Row] = []
     for shape in SHAPES:
-        shape_launched, shape_graphed, shape_sweep = _bench_shape(*shape, dtype, kernels, args.split_sweep)
+        shape_launched, shape_graphed, shape_sweep = _bench_shape(*shape, dtype, kernels, args.split_sweep,
+                                                                  args.config_sweep)
         launched += shape_launched
         graphed += shape_graphed
         sweep += shape_sweep
@@ -188,8 +226,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     print_table(f"int8_kv_cache decode, replayed from CUDA graphs (device time): {what}", graphed, copy_gbps,
                 peers=["sdpa", "eager"])
     if sweep:
-        print_table("int8 per-token decode by split length (tokens per program; each autotuned)", sweep, copy_gbps,
-                    peers=[])
+        print_table("int8 decode sweeps: per-token kernels by split length (tokens per program; each autotuned), "
+                    "and the CUDA-core kernel by forced config (CUDA graphs)", sweep, copy_gbps, peers=[])
     return graphed
 
 

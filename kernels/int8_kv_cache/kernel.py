@@ -310,6 +310,8 @@ def _cdiv(a: int, b: int) -> int:
 
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
 MAX_SPLITS = 128
+#: Token blocks a caller may force (``block_t``): powers of two that the configs above span.
+_FORCED_BLOCKS = (16, 32, 64, 128)
 #: Under the interpreter: small token blocks and splits, so tiny test caches still use several splits.
 _INTERP_BLOCK_T = 16
 _INTERP_SPLIT = 32
@@ -390,15 +392,16 @@ def _merge(part_acc: torch.Tensor, part_ml: torch.Tensor, v_scale: torch.Tensor 
 def int8_decode_attention(
     q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
     granularity: str, sm_scale: float | None = None, split_len: int | None = None,
-    ptx_dequant: bool | None = None, stages: int | None = None, products: str = "fma",
+    ptx_dequant: bool | None = None, stages: int | None = None, products: str = "fma", block_t: int | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
 
     q: (B, H, D); k_q, v_q: (B, H, T, D) int8 from ``quantize_kv``; scales (B, H, T) for
     ``granularity="token"`` or (B, H, D) for ``"channel"``. Returns (B, H, D) in q's dtype.
     ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
-    ``stages`` (tests) forces one config, 64-token blocks on 4 warps with loads pipelined that many
-    steps deep (1: none); by default the GPU autotunes tile and depth, and the interpreter runs 1.
+    ``stages`` and ``block_t`` (tests, bench sweeps) force one config on 4 warps: loads pipelined
+    ``stages`` steps deep (1: none; default 3 on a GPU) over blocks of ``block_t`` tokens (16 to 128;
+    default 64 on a GPU). By default the GPU autotunes both, and the interpreter runs 1 x 16.
     ``products`` picks the CUDA-core (``"fma"``) or the tensor-core (``"dot"``, head_dim >= 64) kernel.
     """
     _check_shapes(q, k_q, v_q)
@@ -411,6 +414,8 @@ def int8_decode_attention(
     b, h, t, d = k_q.shape
     if products == "dot" and d < MIN_DOT_HEAD_DIM:
         raise ValueError(f'products="dot" needs head_dim >= {MIN_DOT_HEAD_DIM}, got {d}; use products="fma"')
+    if block_t is not None and block_t not in _FORCED_BLOCKS:
+        raise ValueError(f"block_t must be one of {_FORCED_BLOCKS}, got {block_t!r}")
     q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
     k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
@@ -420,19 +425,21 @@ def int8_decode_attention(
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
     qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * _LOG2E
     per_token = granularity == "token"
-    # on the GPU each autotuner config sets its own block (fit_descriptor_blocks); forced runs use this one
-    block_t = 64 if gpu else _INTERP_BLOCK_T
+    autotuned = gpu and stages is None and block_t is None
+    # the autotuner's configs each set their own block (fit_descriptor_blocks); forced runs use this one
+    block_t = block_t or (64 if gpu else _INTERP_BLOCK_T)
     (ks_desc, ks_stride), (vs_desc, vs_stride) = scale_descriptor(k_scale, block_t), scale_descriptor(v_scale, block_t)
     # K_SCALE (per-channel scales, loaded by pointer) is the tensor behind ks_desc, so it shares ks_stride
     args = (q, cache_descriptor(k_words, block_t), cache_descriptor(v_words, block_t), ks_desc.base, ks_desc,
             vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)
     ptx = gpu and ptx_dequant is not False
-    if gpu and stages is None:
+    if autotuned:
         _LAUNCH_INT8[products, True](grid, *args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
     else:
+        depth = stages if stages is not None else (3 if gpu else 1)
         _LAUNCH_INT8[products, False](grid, *args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
-                                      STAGES=1 if stages is None else stages, num_warps=4)
+                                      STAGES=depth, num_warps=4)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 

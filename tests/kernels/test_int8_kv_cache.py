@@ -105,7 +105,7 @@ def test_unquantized_decode_matches_float64(dtype, seed):
 
 
 KERNEL_VARIANTS = {"unpipelined": dict(stages=1), "pipelined": dict(stages=3),
-                   "tensor-cores": dict(products="dot", stages=3)}
+                   "32-token blocks": dict(block_t=32), "tensor-cores": dict(products="dot", stages=3)}
 
 
 @pytest.mark.parametrize("variant", KERNEL_VARIANTS)
@@ -186,6 +186,8 @@ def test_rejects_bad_arguments():
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="wmma")
     with pytest.raises(ValueError, match='head_dim >= 64.*products="fma"'):
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="dot")
+    with pytest.raises(ValueError, match="block_t must be one of"):
+        int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", block_t=48)
 
 
 def test_split_plan_fills_an_h200_for_the_target_shapes():
