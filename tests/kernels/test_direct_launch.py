@@ -1,8 +1,10 @@
 """The direct launcher reuses a compiled kernel only where Triton itself would.
 
-On CPU: the specialization key separates what Triton compiles separately. On the GPU: for caches of
-many lengths and layouts, the kernel the launcher reuses is the very kernel Triton's own dispatch
-picks, and its outputs equal the normal path's bit for bit.
+On CPU: the specialization key separates what Triton compiles separately, and (on a JITFunction whose
+normal path is recorded instead of compiled) the launcher caches per specialization, completes the
+argument list in signature order, honours autotuner keys, configs and pre-hooks, evicts the oldest
+entry and steps aside for launch hooks. On the GPU: for pairs of cache lengths, the kernel the
+launcher reuses is the very kernel Triton's own dispatch picks, and the outputs agree bit for bit.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import pytest
 import torch
 import triton
 from microscope_kernels.int8_kv_cache import direct_launch
-from microscope_kernels.int8_kv_cache.direct_launch import specialization
+from microscope_kernels.int8_kv_cache.direct_launch import DirectLauncher, specialization
 from microscope_kernels.int8_kv_cache.kernel import _LAUNCH_INT8, _LAUNCH_MERGE, int8_decode_attention, quantize_kv
+from triton import language as tl
+from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
@@ -35,6 +39,93 @@ def test_tensors_and_descriptors_specialize_on_dtype_alignment_and_block():
     assert specialization(block(16)) != specialization(block(32))
     assert specialization(0.5) == specialization(3.0)  # fp32 scalars are not specialized
     assert specialization(True) != specialization(False)
+
+
+class _Compiled:
+    """Stands in for a CompiledKernel: records each direct launch's arguments."""
+
+    function, packed_metadata = "function handle", "packed metadata"
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+
+    def run(self, *args) -> None:
+        self.launches.append(args)
+
+
+class _Driver:
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int) -> int:
+        return 7
+
+
+def _toy_kernel(X, n, scale, BLOCK: tl.constexpr, EVEN: tl.constexpr):  # never compiled: run() is replaced
+    pass
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """A real JITFunction whose normal path (``run``) is recorded instead of compiled, under a fake
+    driver: the launcher's caching, argument order and fallbacks, testable without a GPU."""
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Driver())
+    jit = JITFunction(_toy_kernel)
+    normal_path: list[dict] = []
+
+    def run(*args, grid, warmup, **kwargs):
+        normal_path.append(dict(zip(jit.arg_names, args), **kwargs))
+        return _Compiled()
+
+    monkeypatch.setattr(jit, "run", run)
+    return jit, normal_path
+
+
+def test_the_first_call_per_specialization_takes_the_normal_path_and_later_ones_launch_directly(toy):
+    jit, normal_path = toy
+    launcher = DirectLauncher(jit, max_entries=2)
+    x = torch.zeros(8)
+    launcher((4, 2), x, 17, 0.5, BLOCK=32, EVEN=False)
+    assert len(normal_path) == 1 and launcher.last[1] is False
+    compiled = launcher.last[0]
+    launcher((4, 2), torch.ones(8), 33, 2.0, BLOCK=32, EVEN=False)  # same specialization: 33 is 17's class
+    assert len(normal_path) == 1 and launcher.last == (compiled, True)
+    (launch,) = compiled.launches
+    assert launch[:9] == (4, 2, 1, 7, "function handle", "packed metadata", None, None, None)
+    assert launch[10:] == (33, 2.0, 32, False)  # positional arguments, then constexprs in signature order
+    assert launch[9] is not x
+    launcher((4, 2), x, 32, 0.5, BLOCK=32, EVEN=False)  # divisible by 16: Triton compiles it apart
+    launcher((4, 2), x, 17, 0.5, BLOCK=64, EVEN=False)  # another constexpr; the LRU drops n=17's entry
+    launcher((4, 2), x, 19, 0.5, BLOCK=32, EVEN=False)
+    assert len(normal_path) == 4, "evicted entries must compile through the normal path again"
+
+
+def test_an_autotuner_key_is_matched_exactly_and_its_config_completes_the_launch(toy):
+    jit, normal_path = toy
+    hooked: list[dict] = []
+    config = triton.Config({"BLOCK": 64}, num_warps=4, pre_hook=hooked.append)
+    launcher = DirectLauncher(triton.autotune(configs=[config], key=["n"])(jit))
+    tensors = [torch.zeros(8) for _ in range(3)]
+    for x, n in zip(tensors, (17, 33, 33)):
+        launcher((1,), x, n, 1.0, EVEN=True)
+    assert [call["n"] for call in normal_path] == [17, 33], "an autotuner tunes per exact key value"
+    assert normal_path[0]["BLOCK"] == 64
+    assert launcher.last[0].launches[0][10:] == (33, 1.0, 64, True)
+    assert len(hooked) == 3, "the config's pre-hook runs on direct launches too"
+    assert hooked[-1]["X"] is tensors[-1] and hooked[-1]["BLOCK"] == 64
+
+
+def test_a_registered_launch_hook_keeps_every_call_on_the_normal_path(toy):
+    jit, normal_path = toy
+    launcher = DirectLauncher(jit)
+    chain = triton.knobs.runtime.launch_enter_hook
+    chain.add(print)
+    try:
+        for _ in range(3):
+            launcher((1,), torch.zeros(8), 17, 1.0, BLOCK=32, EVEN=False)
+    finally:
+        chain.remove(print)
+    assert len(normal_path) == 3 and launcher.last[1] is False
 
 
 def _cache(tokens: int, granularity: str, seed: int):
