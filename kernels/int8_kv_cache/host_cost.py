@@ -3,10 +3,10 @@
 Why: a decode step's device time at B16 H32 T8192 is ~0.27 ms, so a wrapper whose Python and launch
 work takes longer than that makes the step host-bound however fast the kernel is. This measures the
 host side alone: the GPU is first given a long sleep kernel, so every launch below only queues and
-the wall clock sees pure host work. Prints microseconds per call (median of interleaved batches) for SDPA, the
-bf16-cache Triton kernel and the int8 kernels (autotuned and forced config), each through Triton's
-own dispatch and through ``direct_launch``, and a cProfile of the int8 call both ways, so the cost
-is pinned to functions rather than inferred.
+the wall clock sees pure host work. Prints microseconds per call (median of interleaved batches)
+for SDPA, the bf16-cache Triton kernel and the int8 kernels (autotuned and forced config), each
+through Triton's own dispatch and through ``direct_launch``, and a cProfile of the int8 call both
+ways, so the cost is pinned to functions rather than inferred.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def batch_us_per_call(fn: Callable[[], object]) -> float:
 def interleaved_host_us(thunks: dict[str, Callable[[], object]], rounds: int
                         ) -> dict[tuple[str, bool], list[float]]:
     """Per (call, direct launch on?) the us per call of each round's batch. Every round runs every
-    call both ways in turn, so a drift in the host's speed (this host's figures moved by 20% between
-    runs) moves both sides of the comparison alike."""
+    call both ways in turn, so a drift in the host's speed (the H200 machine's figures moved by 20% and
+    more between runs) moves both sides of the comparison alike."""
     for fn in thunks.values():
         fn()
     torch.cuda.synchronize()
@@ -72,13 +72,23 @@ def profile_calls(fn: Callable[[], object], top: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def _cache_shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        b, h, t, d = (int(x) for x in text.split(","))
+    except ValueError:
+        expected = "four integers B,H,T,D such as 16,32,8192,128"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return b, h, t, d
+
+
 def main(argv: Sequence[str] | None = None) -> dict[tuple[str, bool], list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="16,32,8192,128", help="B,H,T,D of the cache (default: the T8192 target)")
+    parser.add_argument("--shape", type=_cache_shape, default=(16, 32, 8192, 128),
+                        help="B,H,T,D of the cache (default: the T8192 target)")
     parser.add_argument("--top", type=int, default=25, help="functions to list in the profile")
     parser.add_argument("--rounds", type=int, default=11, help="interleaved rounds per call and launch path")
     args = parser.parse_args(argv)
-    b, h, t, d = (int(x) for x in args.shape.split(","))
+    b, h, t, d = args.shape
     gpu_header(f"int8_kv_cache host cost per decode call, B{b} H{h} T{t} D{d}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
