@@ -14,7 +14,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 def cache_descriptor(words: torch.Tensor, block_t: int) -> TensorDescriptor:
     """A (B, H, T, D/4) int32 view of an int8 cache, heads flat at stride(1), as a (B*H, T, D/4)
-    descriptor with (1, block_t, D/4) blocks. TMA needs 16-byte aligned strides: D >= 16 gives them."""
+    descriptor with (1, block_t, D/4) blocks. TMA needs 16-byte aligned strides (D >= 16 gives them)
+    and a 16-byte aligned start: a view that starts elsewhere in its buffer is copied first."""
+    if words.data_ptr() % 16:
+        words = words.clone()
     b, h, t, w = words.shape
     return TensorDescriptor(words, [b * h, t, w], [words.stride(1), words.stride(2), 1], [1, block_t, w])
 
@@ -24,11 +27,12 @@ def scale_descriptor(scale: torch.Tensor, block_t: int) -> tuple[TensorDescripto
     ``block_t`` scales; head ``bh``'s token ``t`` is element ``bh * stride(1) + t``. Scales past T in
     the same block belong to the next head or the padding: the kernels mask those tokens.
 
-    A block must start 16-byte aligned, so the head stride must be a multiple of 4 scales. A cache
-    buffer allocated for a round context length has that already; otherwise the scales are copied
-    into a padded buffer (each copy reads and writes B*H*T*4 bytes, ~1.5% of the int8 cache's bytes
-    at D = 128). Returns the descriptor and the head stride to index it with."""
-    if scale.stride(1) % 4:
+    A block must start 16-byte aligned, so the head stride must be a multiple of 4 scales and the
+    first scale 16-byte aligned. A cache buffer allocated for a round context length, read from its
+    first token, has both; otherwise (an odd length, or a window that starts past token 0) the scales
+    are copied into a padded buffer (each copy reads and writes B*H*T*4 bytes, ~1.5% of the int8
+    cache's bytes at D = 128). Returns the descriptor and the head stride to index it with."""
+    if scale.stride(1) % 4 or scale.data_ptr() % 16:
         scale = torch.nn.functional.pad(scale, (0, -scale.shape[2] % 4))[..., :scale.shape[2]]
     b, h = scale.shape[:2]
     span = (b * h - 1) * scale.stride(1) + scale.shape[2]

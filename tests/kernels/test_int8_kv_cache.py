@@ -143,6 +143,26 @@ def test_reads_a_growing_cache_in_place_and_ignores_its_spare(variant, seed):
     assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
+@pytest.mark.parametrize("start", [1, 3, 4])
+def test_reads_a_window_that_starts_past_the_first_token(start, seed):
+    """A sliding window over a cache buffer, ``[:, :, start:start + 44]``: its scales start 4-12 bytes
+    into their buffer with a head stride that is a multiple of 4 scales, and its int8 data starts 4
+    bytes into an unaligned allocation. TMA needs 16-byte aligned starts, so such views are copied
+    first (before, the descriptor's bare AssertionError escaped)."""
+    q, k, v = qkv(2, 2, 48, 64, seed, torch.float32)
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    window = slice(start, start + 44)
+    k_q, k_s, v_q, v_s = k_q[:, :, window], k_s[:, :, window], v_q[:, :, window], v_s[:, :, window]
+    unaligned = torch.empty(k_q.numel() + 4, dtype=torch.int8, device=DEVICE)[4:].view(k_q.shape)
+    unaligned.copy_(k_q)
+    assert unaligned.data_ptr() % 16 and (start % 4 == 0 or k_s.data_ptr() % 16)
+    out = int8_decode_attention(q, unaligned, k_s, v_q, v_s, "token", split_len=32)
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
+                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    assert rel_err(out, truth) < 1e-5, f"seed {seed}"
+
+
 @pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
 def test_large_scores_stay_finite(products, head_dim, seed):
     """Scores in the hundreds: the online softmax's running max keeps every exponent <= 0."""
