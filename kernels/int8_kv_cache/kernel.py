@@ -416,6 +416,12 @@ def int8_decode_attention(
         raise ValueError(f'products="dot" needs head_dim >= {MIN_DOT_HEAD_DIM}, got {d}; use products="fma"')
     if block_t is not None and block_t not in _FORCED_BLOCKS:
         raise ValueError(f"block_t must be one of {_FORCED_BLOCKS}, got {block_t!r}")
+    wanted = (b, h, t if granularity == "token" else d)
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if tuple(scale.shape) != wanted:
+            axis = "T (one scale per token)" if granularity == "token" else "D (one scale per channel)"
+            raise ValueError(f"{name} must be (B, H, {axis}) = {wanted} for granularity={granularity!r}, got "
+                             f"{tuple(scale.shape)}; pass the scales quantize_kv(x, {granularity!r}) returned")
     q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
     k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word

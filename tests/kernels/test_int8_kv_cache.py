@@ -208,6 +208,13 @@ def test_rejects_bad_arguments():
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="dot")
     with pytest.raises(ValueError, match="block_t must be one of"):
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", block_t=48)
+    _, channel_scales = quantize_kv(k, "channel")
+    with pytest.raises(ValueError, match=r"k_scale must be \(B, H, D .*granularity='channel', got \(1, 2, 8\)"):
+        int8_decode_attention(q, k_q, k_s, k_q, k_s, "channel")  # per-token scales, per-channel granularity
+    with pytest.raises(ValueError, match=r"v_scale must be \(B, H, T .*got \(1, 2, 7\)"):
+        int8_decode_attention(q, k_q, k_s, k_q, k_s[:, :, :7], "token")
+    with pytest.raises(ValueError, match="k_scale must be"):
+        int8_decode_attention(q, k_q, channel_scales, k_q, k_s, "token")
 
 
 def test_split_plan_fills_an_h200_for_the_target_shapes():
