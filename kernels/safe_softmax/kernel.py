@@ -265,6 +265,8 @@ def softmax_forward(x: torch.Tensor, max_single_pass_cols: int = SINGLE_PASS_MAX
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor,
                      max_single_pass_cols: int = SINGLE_PASS_MAX_COLS) -> torch.Tensor:
     """dx = y * (dy - sum(y * dy)) over the last dim."""
+    if dy.shape != y.shape:
+        raise ValueError(f"dy must have y's shape {tuple(y.shape)}, got {tuple(dy.shape)}")
     y2, dy2 = _rows(y), _rows(dy)
     m, n = y2.shape
     dx = _output_buffer(y2)

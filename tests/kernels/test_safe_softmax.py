@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from microscope_kernels.safe_softmax.ablation import SafeSoftmax
-from microscope_kernels.safe_softmax.kernel import safe_softmax
+from microscope_kernels.safe_softmax.kernel import safe_softmax, softmax_backward
 from microscope_kernels.safe_softmax.reference import naive_softmax, safe_softmax_reference
 
 from microscope.api import DTYPES, Role
@@ -157,3 +157,9 @@ def test_plugin_candidate_meets_its_tolerance_where_naive_fails():
         assert outside <= tol.max_mismatch, case.id
         if case["scale"] == 100.0:
             assert not torch.isfinite(plugin.variants["naive"].fn(x)).all(), case.id
+
+
+def test_backward_rejects_a_gradient_of_another_shape():
+    y = torch.softmax(torch.randn(3, 5), dim=-1)
+    with pytest.raises(ValueError, match=r"dy must have y's shape \(3, 5\), got \(3, 4\)"):
+        softmax_backward(y, torch.randn(3, 4))
