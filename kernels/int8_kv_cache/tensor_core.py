@@ -78,8 +78,14 @@ def _hi_lo_rows(x, rows):
 
 @triton.jit
 def _pow2_unit(x_max):
-    """2^-floor(log2(x_max)): brings a vector whose largest magnitude is ``x_max`` to [1, 2)."""
-    return tl.where(x_max > 0, tl.exp2(-tl.floor(tl.log2(x_max))), 1.0)
+    """2^-floor(log2(x_max)): brings a vector whose largest magnitude is ``x_max`` to [1, 2).
+
+    The exponent is held to [-126, 126] so the unit and its reciprocal stay finite normal numbers.
+    Unclamped, a block whose largest weight was subnormal (its scores ~126 or more below the running
+    max, base 2) got an infinite unit, and inf * 0 turned the whole output into NaN. Weights that
+    small are below 2^-126 of the running sum, so what the fp16 operand then drops does not show.
+    """
+    return tl.where(x_max > 0, tl.exp2(tl.clamp(-tl.floor(tl.log2(x_max)), -126.0, 126.0)), 1.0)
 
 
 @triton.jit

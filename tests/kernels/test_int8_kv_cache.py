@@ -8,6 +8,8 @@ against the plugin's declared budget). Each test prints its random seed, shown o
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from microscope_kernels.int8_kv_cache.ablation import INT8_ERROR_BUDGET, Int8KVCache
@@ -191,6 +193,28 @@ def test_tensor_core_kernel_holds_fp16_range(magnitude, granularity, seed):
     truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
                                    dequantize_kv(v_q, v_s, granularity, torch.float64))
     assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"{rel_err(out, truth):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
+@pytest.mark.parametrize("gap", [126, 135, 144])
+def test_a_block_far_below_the_running_max_adds_nothing_and_breaks_nothing(gap, products, head_dim, seed):
+    """One 16-token block scores ``gap`` (base 2) below the block before it, so its weights are
+    subnormal floats: the tensor-core kernel's power-of-two operand scaling once made them infinite
+    and the output NaN. Per-token scales, where the weights are scaled."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.zeros(1, 2, head_dim)
+    q[..., 0] = 1000.0
+    qk_scale = 1000.0 * math.log2(math.e) / math.sqrt(head_dim)
+    k = torch.rand(1, 2, 32, head_dim, generator=gen) * 1e-3
+    k[:, :, :16, 0], k[:, :, 16:, 0] = 1.0, 1.0 - gap / qk_scale
+    v = torch.randn(1, 2, 32, head_dim, generator=gen)
+    q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, "token", products=products, split_len=32, block_t=16)
+    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
+                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
 def test_rejects_bad_arguments():
