@@ -9,7 +9,8 @@ the normalized output need one read of x and one write of y (the bandwidth floor
 dx = y * (dy - sum(y * dy)): one read of y and dy, one write of dx.
 
 Edge cases, by construction: masked entries (-inf) give exactly 0; a constant row gives 1/N; a
-fully masked row gives zeros (not NaN), as PyTorch's internal ``_safe_softmax`` does for attention.
+fully masked row gives zeros (not NaN), as PyTorch's internal ``_safe_softmax`` does for attention;
+a row with a NaN or +inf logit is all NaN, as in ``torch.softmax``.
 Rows longer than ``SINGLE_PASS_MAX_COLS`` take a chunked two-pass path (an online max/sum, then the
 write), which reads x twice but never overflows either.
 """
@@ -87,8 +88,9 @@ def _softmax_fwd_kernel(
         row_max = tl.max(x, axis=1)
         row_max = tl.where(row_max == -float("inf"), 0.0, row_max)  # fully masked row: all weights 0
         e = _exp2((x - row_max[:, None]) * _LOG2E, FAST)  # subtract first: exact near the max
-        # total >= 1 (the max contributes 2^0) unless the row is fully masked (total = 0, e = 0)
-        inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0)
+        # total >= 1 (the max contributes 2^0) unless the row is fully masked (total = 0, e = 0); a NaN
+        # total (a NaN or +inf logit) must stay NaN, as torch.softmax's row does, not be clamped to 1
+        inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0, propagate_nan=tl.PropagateNan.ALL)  # a NaN logit: NaN row
         tl.store(_tile_ptrs(Y, rows, cols, stride_y), (e * inv[:, None]).to(Y.dtype.element_ty),
                  mask=_tile_mask(rows, cols, M, N, EVEN_N))
 
@@ -131,7 +133,8 @@ def _softmax_fwd_chunked_kernel(
         run_max = new_max
     row_max = tl.max(run_max, axis=0)
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    inv = 1.0 / tl.maximum(tl.sum(run_sum * _exp2((run_max - row_max) * _LOG2E, FAST), axis=0), 1.0)
+    inv = 1.0 / tl.maximum(tl.sum(run_sum * _exp2((run_max - row_max) * _LOG2E, FAST), axis=0), 1.0,
+                           propagate_nan=tl.PropagateNan.ALL)
     for start in range(0, N, CHUNK):
         x = tl.load(X + row * stride_x + start + cols, mask=start + cols < N, other=-float("inf"))
         y = _exp2((x.to(tl.float32) - row_max) * _LOG2E, FAST) * inv

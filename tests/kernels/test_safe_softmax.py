@@ -81,6 +81,23 @@ def test_masked_constant_and_empty_rows(dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("single_pass_cols", [65536, 64], ids=["one-pass", "chunked"])
+def test_a_nan_or_inf_logit_turns_its_row_nan_as_torch_softmax_does(single_pass_cols, dtype, seed):
+    """A NaN logit (or +inf, whose shifted exponent is inf - inf) must make its whole row NaN, so the
+    fault shows. Clamping the row total to >= 1 (which keeps fully masked rows at 0) once let a NaN
+    total through as 1: the row came out finite, unnormalized and wrong. Other rows stay untouched."""
+    x = logits((5, 300), seed, scale=3.0)
+    x[1, 7] = float("nan")
+    x[3, 100:102] = float("inf")
+    x = x.to(dtype)
+    y = safe_softmax(x, max_single_pass_cols=single_pass_cols)
+    assert torch.isnan(y[[1, 3]]).all()
+    assert torch.isfinite(y[[0, 2, 4]]).all()
+    assert torch.equal(y[[0, 2, 4]], safe_softmax(x[[0, 2, 4]], max_single_pass_cols=single_pass_cols))
+    assert torch.isnan(torch.softmax(x.float(), dim=-1)[[1, 3]]).all()  # the behaviour matched
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_chunked_path_for_long_rows(dtype, seed):
     """Rows longer than the single-pass limit go through the online two-pass kernels (forced here
     with a 64-column limit on 300-column rows)."""
