@@ -90,7 +90,7 @@ def _softmax_fwd_kernel(
         e = _exp2((x - row_max[:, None]) * _LOG2E, FAST)  # subtract first: exact near the max
         # total >= 1 (the max contributes 2^0) unless the row is fully masked (total = 0, e = 0); a NaN
         # total (a NaN or +inf logit) must stay NaN, as torch.softmax's row does, not be clamped to 1
-        inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0, propagate_nan=tl.PropagateNan.ALL)  # a NaN logit: NaN row
+        inv = 1.0 / tl.maximum(tl.sum(e, axis=1), 1.0, propagate_nan=tl.PropagateNan.ALL)
         tl.store(_tile_ptrs(Y, rows, cols, stride_y), (e * inv[:, None]).to(Y.dtype.element_ty),
                  mask=_tile_mask(rows, cols, M, N, EVEN_N))
 
