@@ -250,8 +250,8 @@ def _decode_merge_kernel(
 
 # -- launch configuration --------------------------------------------------------------------------
 #: (BLOCK_T, num_warps) candidates. At D = 128 each thread holds 32 to 64 values of the four
-#: accumulator tiles; sm_90 builds put (32, 4) at ~80-95 registers and (64, 4) at ~128-154 (the
-#: H200 autotuner picks (64, 4) for the target shapes).
+#: accumulator tiles; sm_90 builds put (32, 4) at ~80-95 registers and (64, 4) at ~128-154 (for the
+#: target shapes the H200 autotuner picked (64, 4), and at T32768 in some runs (32, 4)).
 _SPLIT_SHAPES = ((32, 4), (64, 4), (64, 8), (128, 8))
 #: Pipeline depths for the int8 kernel's descriptor loads (4 only for tiles of <= 64 tokens: 128 x
 #: 128 int8 x K and V x 4 stages would be 128 KB of shared memory). An earlier register prefetch of
@@ -278,7 +278,7 @@ _LAUNCH_MERGE = DirectLauncher(_decode_merge_kernel)
 
 
 def _int8_tuner(products: str) -> triton.runtime.Autotuner:
-    return _split_int8_dot_tuned if products == "dot" else _split_int8_tuned
+    return _LAUNCH_INT8[products, True].fn
 
 
 def last_tuning(products: str = "fma") -> list[tuple[str, float]]:
@@ -295,7 +295,7 @@ def tuned_split_config(split_len: int, tokens: int, head_dim: int, per_token: bo
                        products: str = "fma") -> str | None:
     """An int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
     Triton's cache keys start with the ``_INT8_KEY`` values in order."""
-    wanted = (split_len, triton.cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
+    wanted = (split_len, _cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
     for key, config in _int8_tuner(products).cache.items():
         if tuple(key[:len(wanted)]) == wanted:
             return str(config)
