@@ -2,8 +2,9 @@
 
 Checks correctness on the GPU first, measures copy bandwidth in the same process, then times one
 decode step (one query token per batch and head) for SDPA and eager attention over the bf16 cache,
-the same split-K Triton kernel over the bf16 cache, and the int8 kernels (CUDA-core products with
-PTX or portable dequantization; tensor-core products), in 5 interleaved rounds (median and range),
+the same split-K Triton kernel over the bf16 cache, and the int8 kernels (``KERNELS``: int8 score
+products with an int8 query, the default; fp32 products with PTX or portable dequantization;
+tensor-core products), in 5 interleaved rounds (median and range),
 once with plain launches and once replayed from CUDA graphs (device time alone).
 GB/s counts the bytes each variant must read (bf16 cache, or int8 + scales). ``--split-sweep`` adds a
 table of the per-token kernels at several split lengths; ``--config-sweep`` one of the CUDA-core
@@ -21,7 +22,6 @@ import torch
 import triton
 from microscope_kernels.int8_kv_cache.kernel import (
     MAX_SPLITS,
-    PRODUCTS,
     cache_bytes,
     choose_split_len,
     decode_attention,
@@ -31,7 +31,11 @@ from microscope_kernels.int8_kv_cache.kernel import (
     quantize_kv,
     tuned_split_config,
 )
-from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
+from microscope_kernels.int8_kv_cache.reference import (
+    eager_decode_attention,
+    int8_query_decode_attention,
+    sdpa_decode_attention,
+)
 from microscope_kernels.safe_softmax.bench import (
     Row,
     check,
@@ -47,11 +51,18 @@ from microscope.api import DTYPES
 
 #: The targets: (batch, heads, tokens, head_dim).
 SHAPES = ((16, 32, 8192, 128), (64, 8, 32768, 128))
-#: The int8 kernels the bench can time: name -> (ptx_dequant, products).
-KERNELS = {"fma": (True, "fma"), "portable": (False, "fma"), "dot": (True, "dot")}
-#: Correctness runs per kernel: (ptx_dequant, stages, products); None autotunes, an int forces a depth.
-_CHECKS = {"fma": ((True, None, "fma"), (True, 1, "fma"), (True, 3, "fma")),
-           "portable": ((False, None, "fma"),), "dot": ((True, None, "dot"), (False, None, "dot"))}
+#: The int8 kernels the bench can time: name -> ``int8_decode_attention`` options. "dp4a" (the
+#: default) forms the scores as int8 dot products with q quantized to int8; "fma" multiplies in fp32
+#: over the dequantized K; "portable" is "fma" without the PTX unpack; "dot" runs on tensor cores.
+KERNELS = {"dp4a": dict(ptx_dequant=True, products="fma", int8_query=True),
+           "fma": dict(ptx_dequant=True, products="fma", int8_query=False),
+           "portable": dict(ptx_dequant=False, products="fma", int8_query=False),
+           "dot": dict(ptx_dequant=True, products="dot", int8_query=False)}
+#: The kernel whose rows carry the plain ``int8_<granularity>`` name (the others add their own).
+DEFAULT_KERNEL = "dp4a"
+#: Correctness runs per kernel beyond the autotuned one: forced pipeline depths, or the portable unpack.
+_EXTRA_CHECKS = {"dp4a": (dict(stages=1), dict(stages=3), dict(ptx_dequant=False)),
+                 "fma": (dict(stages=1), dict(stages=3)), "portable": (), "dot": (dict(ptx_dequant=False),)}
 
 
 def _cache(b: int, h: int, t: int, d: int, dtype: torch.dtype, seed: int = 0):
@@ -79,18 +90,24 @@ def _correctness(dtype: torch.dtype, kernels: Sequence[str]) -> bool:
         v_q, v_s = quantize_kv(v, granularity)
         k_d, v_d = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
         truth_deq = eager_decode_attention(q.double(), k_d, v_d)
+        # the int8-query kernel's own model: the cache dequantized and q quantized as the kernel does
+        truth_q8 = int8_query_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
         limit = 4 * rel(eager_decode_attention(q, k_d.to(dtype), v_d.to(dtype)), truth_deq) + floor
-        for ptx, stages, products in (run for kernel in kernels for run in _CHECKS[kernel]):
-            label = f"int8 {granularity} {products} ptx_dequant={ptx} stages={stages or 'autotuned'}"
-            try:
-                out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx, stages=stages,
-                                            products=products)
-            except Exception as exc:  # a kernel that fails to build must not end the bench
-                print(f"   check {label}: FAIL {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                ok = False
-                continue
-            ok = check(f"{label} vs dequantized cache", rel(out, truth_deq), limit) and ok
-            ok = check(f"{label} vs unquantized cache (int8 cost)", rel(out, truth), 0.03) and ok
+        for kernel in kernels:
+            for extra in ({}, *_EXTRA_CHECKS[kernel]):
+                options = {**KERNELS[kernel], **extra}
+                label = f"int8 {granularity} {kernel} " + " ".join(f"{k}={v}" for k, v in extra.items())
+                try:
+                    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, **options)
+                except Exception as exc:  # a kernel that fails to build must not end the bench
+                    print(f"   check {label}: FAIL {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+                    ok = False
+                    continue
+                model = ("the int8-query model", truth_q8) if options["int8_query"] else ("dequantized cache",
+                                                                                          truth_deq)
+                ok = check(f"{label} vs {model[0]}", rel(out, model[1]), limit) and ok
+                ok = check(f"{label} vs unquantized cache (int8 cost)", rel(out, truth), 0.03) and ok
     return ok
 
 
@@ -111,13 +128,12 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Se
         k_q, k_s = quantize_kv(k, granularity)
         v_q, v_s = quantize_kv(v, granularity)
         for kernel in kernels:
-            ptx, products = KERNELS[kernel]
-            name = f"int8_{granularity}" + ("" if kernel == "fma" else f"_{kernel}")
-            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, ptx_dequant=ptx,
-                                      products=products)
+            name = f"int8_{granularity}" + ("" if kernel == DEFAULT_KERNEL else f"_{kernel}")
+            thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, granularity, **KERNELS[kernel])
             if measure(thunk, f"{name} {shape} (autotuning)", warmup=0, rep=1) is None:
                 continue  # it failed to build or run, and said so
-            print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in last_tuning(products)))
+            tuning = last_tuning(KERNELS[kernel]["products"])
+            print(f"   {name} {shape} candidates: " + "; ".join(f"{c} {ms:.4f} ms" for c, ms in tuning))
             thunks[name] = thunk
             nbytes[name] = cache_bytes(b, h, t, d, granularity)
             notes[name] = f"cache {nbytes[name] / full:.3f}x of {str(dtype).replace('torch.', '')}"
@@ -136,26 +152,28 @@ def _bench_shape(b: int, h: int, t: int, d: int, dtype: torch.dtype, kernels: Se
 
 
 def _split_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
-    """Both per-token int8 kernels at split lengths 256..8192 (each autotuned on its own): how much
-    ``choose_split_len``'s choice leaves on the table."""
+    """The per-token int8 kernels (all but the portable one) at split lengths 256..8192, each
+    autotuned on its own: how much ``choose_split_len``'s choice leaves on the table."""
     b, h, t, d = k.shape
     k_q, k_s = quantize_kv(k, "token")
     v_q, v_s = quantize_kv(v, "token")
     small = cache_bytes(b, h, t, d, "token")
     sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
     rows = []
-    for products in PRODUCTS:
-        chosen = choose_split_len(t, b * h, sm_count)
+    chosen = choose_split_len(t, b * h, sm_count)
+    for kernel in ("dp4a", "fma", "dot"):
+        options = KERNELS[kernel]
         for split_len in (256, 512, 1024, 2048, 4096, 8192):
             if split_len > t or triton.cdiv(t, split_len) > MAX_SPLITS:
                 continue
             thunk = functools.partial(int8_decode_attention, q, k_q, k_s, v_q, v_s, "token", split_len=split_len,
-                                      products=products)
-            if measure(thunk, f"split {split_len} {products} {shape} (autotuning)", warmup=0, rep=1) is None:
+                                      **options)
+            if measure(thunk, f"split {split_len} {kernel} {shape} (autotuning)", warmup=0, rep=1) is None:
                 continue
-            best = tuned_split_config(split_len, t, d, per_token=True, products=products) or "?"
+            best = tuned_split_config(split_len, t, d, per_token=True, products=options["products"],
+                                      int8_query=options["int8_query"]) or "?"
             note = ("the default; " if split_len == chosen else "") + f"best config: {best}"
-            rows.append(Row(f"{shape} int8_token {products}", f"split_len {split_len} ({triton.cdiv(t, split_len)})",
+            rows.append(Row(f"{shape} int8_token {kernel}", f"split_len {split_len} ({triton.cdiv(t, split_len)})",
                             measure(thunk, f"split {split_len} {shape}"), small, note=note))
     return rows
 
@@ -165,7 +183,7 @@ SWEEP_CONFIGS = ((32, 3), (32, 4), (64, 3), (64, 4))
 
 
 def _config_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str) -> list[Row]:
-    """The CUDA-core kernel at each forced 4-warp config and autotuned, both granularities, timed
+    """The default kernel at each forced 4-warp config and autotuned, both granularities, timed
     together in interleaved rounds from CUDA graphs: whether a config the tuner prefers stays fast
     when timed beside the others (per token at T32768, 32-token blocks timed 14-16% slower than the
     tuner's own figure in two runs, 64-token blocks 3.5-5% in two others)."""
@@ -187,7 +205,7 @@ def _config_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: str)
     for granularity in ("token", "channel"):
         print(f"   {shape} {granularity}: the autotuned rows ran "
               f"{tuned_split_config(split_len, t, d, per_token=granularity == 'token')}")
-    return [Row(f"{shape} int8 fma", name, timing[0] if timing else None, nbytes[name],
+    return [Row(f"{shape} int8 {DEFAULT_KERNEL}", name, timing[0] if timing else None, nbytes[name],
                 note=f"rounds {timing[1]:.4f}-{timing[2]:.4f}" if timing else "")
             for name, timing in timings.items()]
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
 from microscope_kernels.int8_kv_cache.direct_launch import DirectLauncher
+from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
 
@@ -38,6 +39,9 @@ GRANULARITIES = ("token", "channel")
 #: Where the int8 split kernel multiplies: ``"fma"`` on CUDA cores (this module's kernel), ``"dot"`` on
 #: tensor cores (``tensor_core.py``, head_dim >= 64).
 PRODUCTS = ("fma", "dot")
+#: The CUDA-core kernel's default score products: int8 dot products with the query quantized to int8
+#: (``int8_query.py``), or fp32 products over the dequantized K (False).
+INT8_QUERY = True
 _LOG2E = math.log2(math.e)
 
 
@@ -124,7 +128,7 @@ def _decode_split_int8_kernel(
     Q, K_DESC, V_DESC, K_SCALE, KS_DESC, VS_DESC, PART_ACC, PART_ML,
     T, split_len, num_splits, qk_scale, stride_qbh, stride_ksbh, stride_vsbh,
     D: tl.constexpr, BLOCK_T: tl.constexpr, PER_TOKEN: tl.constexpr, PTX_DEQUANT: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, INT8_QUERY: tl.constexpr,
 ):
     """One (split, batch*head) over the int8 cache: online softmax over ``split_len`` tokens.
 
@@ -136,7 +140,8 @@ def _decode_split_int8_kernel(
     scale multiplies the scores, a per-token V scale multiplies the weights, and a per-channel V
     scale is left to the merge kernel (it commutes with the sum over tokens). The accumulators are
     (BLOCK_T, D/4) tiles reduced over T once at the end, so the loop has no cross-warp reduction of
-    D-wide vectors.
+    D-wide vectors. ``INT8_QUERY``: q (with any per-channel K scale folded in) is quantized to int8
+    once, and each K word's four products are one exact integer dot product (``int8_query.py``).
     """
     split = tl.program_id(0)
     head = tl.program_id(1)
@@ -144,7 +149,11 @@ def _decode_split_int8_kernel(
     w = tl.arange(0, D // 4)
     offs_t = tl.arange(0, BLOCK_T)
     q0, q1, q2, q3 = load_query_tiles(Q, K_SCALE, bh, stride_qbh, stride_ksbh, w, PER_TOKEN)
-    q0, q1, q2, q3 = q0 * qk_scale, q1 * qk_scale, q2 * qk_scale, q3 * qk_scale  # sm_scale * log2(e)
+    if INT8_QUERY:
+        i0, i1, i2, i3, q_word, q_step = quantize_query_tiles(q0, q1, q2, q3)
+        score_scale = q_step * qk_scale
+    else:
+        q0, q1, q2, q3 = q0 * qk_scale, q1 * qk_scale, q2 * qk_scale, q3 * qk_scale  # sm_scale * log2(e)
     t_start = split * split_len
     t_end = tl.minimum(t_start + split_len, T)
     ks_start = head * stride_ksbh  # per-token scales: flat 1-D descriptors
@@ -162,8 +171,12 @@ def _decode_split_int8_kernel(
         if PER_TOKEN:  # masked: scales past T may be a buffer's unwritten spare (NaN times 0 is NaN)
             ks = tl.where(ok, KS_DESC.load([ks_start + t0]), 0.0)
             vs = tl.where(ok, VS_DESC.load([vs_start + t0]), 0.0)
-        k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
-        s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
+        if INT8_QUERY:
+            dots = int8_dot_words(k_raw, q_word, i0, i1, i2, i3, PTX_DEQUANT)
+            s = tl.sum(dots, axis=1).to(tl.float32) * score_scale
+        else:
+            k0, k1, k2, k3 = _unpack_int8x4(k_raw, PTX_DEQUANT)
+            s = tl.sum(k0 * q0[None, :] + k1 * q1[None, :] + k2 * q2[None, :] + k3 * q3[None, :], axis=1)
         if PER_TOKEN:
             s = s * ks
         s = tl.where(ok, s, -float("inf"))
@@ -263,7 +276,8 @@ _INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "STAGES": stages}, num_warp
                        for bt, w in _SPLIT_SHAPES for stages in _STAGES if stages < 4 or bt <= 64]
 #: The best tile depends on the split length and how many splits (programs) there are.
 _INT8_KEY = ["split_len", "num_splits", "D", "PER_TOKEN", "PTX_DEQUANT"]
-_split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=_INT8_KEY)(_decode_split_int8_kernel)
+_split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=[*_INT8_KEY, "INT8_QUERY"])(
+    _decode_split_int8_kernel)
 _split_int8_dot_tuned = triton.autotune(configs=DOT_CONFIGS, key=_INT8_KEY)(decode_split_int8_dot_kernel)
 _split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
 #: Every launch goes through a DirectLauncher: after the first call per specialization it skips
@@ -292,10 +306,11 @@ def last_tuning(products: str = "fma") -> list[tuple[str, float]]:
 
 
 def tuned_split_config(split_len: int, tokens: int, head_dim: int, per_token: bool, ptx_dequant: bool = True,
-                       products: str = "fma") -> str | None:
+                       products: str = "fma", int8_query: bool = INT8_QUERY) -> str | None:
     """An int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
-    Triton's cache keys start with the ``_INT8_KEY`` values in order."""
+    Triton's cache keys start with the ``_INT8_KEY`` values in order (then, for "fma", INT8_QUERY)."""
     wanted = (split_len, _cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
+    wanted += (int8_query,) if products == "fma" else ()
     for key, config in _int8_tuner(products).cache.items():
         if tuple(key[:len(wanted)]) == wanted:
             return str(config)
@@ -393,6 +408,7 @@ def int8_decode_attention(
     q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor, v_scale: torch.Tensor,
     granularity: str, sm_scale: float | None = None, split_len: int | None = None,
     ptx_dequant: bool | None = None, stages: int | None = None, products: str = "fma", block_t: int | None = None,
+    int8_query: bool | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v for one query token per (batch, head), over an int8 cache.
 
@@ -403,6 +419,8 @@ def int8_decode_attention(
     ``stages`` steps deep (1: none; default 3 on a GPU) over blocks of ``block_t`` tokens (16 to 128;
     default 64 on a GPU). By default the GPU autotunes both, and the interpreter runs 1 x 16.
     ``products`` picks the CUDA-core (``"fma"``) or the tensor-core (``"dot"``, head_dim >= 64) kernel.
+    ``int8_query`` (CUDA-core kernel only; default ``INT8_QUERY``): quantize q per (batch, head) to
+    int8 and form the scores as exact int8 dot products (``int8_query.py``); False: fp32 products.
     """
     _check_shapes(q, k_q, v_q)
     if k_q.dtype != torch.int8 or v_q.dtype != torch.int8:
@@ -414,6 +432,9 @@ def int8_decode_attention(
     b, h, t, d = k_q.shape
     if products == "dot" and d < MIN_DOT_HEAD_DIM:
         raise ValueError(f'products="dot" needs head_dim >= {MIN_DOT_HEAD_DIM}, got {d}; use products="fma"')
+    if products == "dot" and int8_query:
+        raise ValueError('int8_query applies to the CUDA-core kernel; use products="fma" or int8_query=None')
+    int8_query = INT8_QUERY if int8_query is None else bool(int8_query)
     if block_t is not None and block_t not in _FORCED_BLOCKS:
         raise ValueError(f"block_t must be one of {_FORCED_BLOCKS}, got {block_t!r}")
     wanted = (b, h, t if granularity == "token" else d)
@@ -440,12 +461,14 @@ def int8_decode_attention(
             vs_desc, part_acc, part_ml, t, split_len, num_splits, qk_scale, q.stride(1), ks_stride, vs_stride)
     grid = (num_splits, b * h)
     ptx = gpu and ptx_dequant is not False
+    flags = dict(D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+    if products == "fma":
+        flags["INT8_QUERY"] = int8_query
     if autotuned:
-        _LAUNCH_INT8[products, True](grid, *args, D=d, PER_TOKEN=per_token, PTX_DEQUANT=ptx)
+        _LAUNCH_INT8[products, True](grid, *args, **flags)
     else:
         depth = stages if stages is not None else (3 if gpu else 1)
-        _LAUNCH_INT8[products, False](grid, *args, D=d, BLOCK_T=block_t, PER_TOKEN=per_token, PTX_DEQUANT=ptx,
-                                      STAGES=depth, num_warps=4)
+        _LAUNCH_INT8[products, False](grid, *args, BLOCK_T=block_t, STAGES=depth, num_warps=4, **flags)
     return _merge(part_acc, part_ml, v_scale, q.shape, q.dtype, num_splits, per_channel_v=not per_token)
 
 

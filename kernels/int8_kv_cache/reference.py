@@ -17,6 +17,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from microscope_kernels.int8_kv_cache.int8_query import quantize_query
 
 
 def eager_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -31,3 +32,21 @@ def sdpa_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           sm_scale: float | None = None) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention with a length-1 query."""
     return F.scaled_dot_product_attention(q.unsqueeze(-2), k, v, scale=sm_scale).squeeze(-2)
+
+
+def int8_query_decode_attention(q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor,
+                                v_scale: torch.Tensor, granularity: str, sm_scale: float | None = None
+                                ) -> torch.Tensor:
+    """What the int8-query kernel computes, in float64: the query quantized exactly as the kernel
+    does (``quantize_query``), scores = int8 q . int8 k x steps, over the dequantized V. Tests hold
+    the kernel to this at fp32 rounding, and to unquantized attention within the int8 budget."""
+    per_token = granularity == "token"
+    values, step = quantize_query(q, None if per_token else k_scale)
+    dots = torch.einsum("bhd,bhtd->bht", values.double(), k_q.double())
+    scores = dots * step.double().unsqueeze(-1)
+    if per_token:
+        scores = scores * k_scale.double()
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores * scale, dim=-1)
+    v = v_q.double() * (v_scale.double().unsqueeze(-1) if per_token else v_scale.double().unsqueeze(-2))
+    return torch.einsum("bht,bhtd->bhd", weights, v)

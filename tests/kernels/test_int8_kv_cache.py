@@ -13,7 +13,9 @@ import math
 import pytest
 import torch
 from microscope_kernels.int8_kv_cache.ablation import INT8_ERROR_BUDGET, Int8KVCache
+from microscope_kernels.int8_kv_cache.int8_query import quantize_query
 from microscope_kernels.int8_kv_cache.kernel import (
+    INT8_QUERY,
     MAX_SPLITS,
     cache_bytes,
     choose_split_len,
@@ -22,7 +24,7 @@ from microscope_kernels.int8_kv_cache.kernel import (
     int8_decode_attention,
     quantize_kv,
 )
-from microscope_kernels.int8_kv_cache.reference import eager_decode_attention
+from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, int8_query_decode_attention
 
 from microscope.api import DTYPES, Role
 
@@ -32,6 +34,15 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:
     return float((y.double() - truth).norm() / truth.norm().clamp_min(1e-300))
+
+
+def kernel_truth(q, k_q, k_s, v_q, v_s, granularity, products="fma", int8_query=None, **_):
+    """float64 attention with the kernel's own quantization: the dequantized cache, and for the
+    int8-query kernel the query quantized as it does. What is left is the kernel's rounding."""
+    if products == "fma" and (INT8_QUERY if int8_query is None else int8_query):
+        return int8_query_decode_attention(q, k_q, k_s, v_q, v_s, granularity)
+    return eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
+                                  dequantize_kv(v_q, v_s, granularity, torch.float64))
 
 
 def qkv(b, h, t, d, seed, dtype, q_scale=1.0):
@@ -75,24 +86,28 @@ def test_int8_cache_is_at_most_053x_bf16_at_head_dim_128(granularity):
 
 
 # -- the decode kernels ---------------------------------------------------------------------------
-#: The two int8 kernels: CUDA-core products (any head_dim >= 16), tensor-core products (>= 64).
-PRODUCTS_AND_HEAD_DIM = [("fma", 32), ("dot", 64)]
+#: The int8 kernels: CUDA-core with int8 score products (the default) or fp32 ones (any head_dim >=
+#: 16), tensor-core products (>= 64). Each entry: (head_dim, options).
+KERNELS = {"int8 query": (32, dict(products="fma", int8_query=True)),
+           "fp32 query": (32, dict(products="fma", int8_query=False)),
+           "tensor cores": (64, dict(products="dot"))}
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("granularity", ["token", "channel"])
-@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
-def test_int8_decode_matches_float64(products, head_dim, granularity, dtype, seed):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_decode_matches_float64(kernel, granularity, dtype, seed):
+    head_dim, options = KERNELS[kernel]
     q, k, v = qkv(2, 3, 97, head_dim, seed, dtype)
     k_q, k_s = quantize_kv(k, granularity)
     v_q, v_s = quantize_kv(v, granularity)
-    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, products=products)
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, **options)
     assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
     k_deq, v_deq = (dequantize_kv(x, s, granularity, torch.float64) for x, s in ((k_q, k_s), (v_q, v_s)))
-    truth_deq = eager_decode_attention(q.double(), k_deq, v_deq)
+    model = kernel_truth(q, k_q, k_s, v_q, v_s, granularity, **options)
     eager_deq = eager_decode_attention(q, k_deq.to(dtype), v_deq.to(dtype))
-    limit = 4 * rel_err(eager_deq, truth_deq) + torch.finfo(dtype).eps
-    assert rel_err(out, truth_deq) <= limit, f"kernel error {rel_err(out, truth_deq):.3g} > {limit:.3g} (seed {seed})"
+    limit = 4 * rel_err(eager_deq, eager_decode_attention(q.double(), k_deq, v_deq)) + torch.finfo(dtype).eps
+    assert rel_err(out, model) <= limit, f"kernel error {rel_err(out, model):.3g} > {limit:.3g} (seed {seed})"
     truth = eager_decode_attention(q.double(), k.double(), v.double())
     assert rel_err(out, truth) <= INT8_ERROR_BUDGET, f"int8 cost {rel_err(out, truth):.3g} (seed {seed})"
 
@@ -107,7 +122,8 @@ def test_unquantized_decode_matches_float64(dtype, seed):
 
 
 KERNEL_VARIANTS = {"unpipelined": dict(stages=1), "pipelined": dict(stages=3),
-                   "32-token blocks": dict(block_t=32), "tensor-cores": dict(products="dot", stages=3)}
+                   "32-token blocks": dict(block_t=32), "fp32 query": dict(int8_query=False, stages=3),
+                   "tensor-cores": dict(products="dot", stages=3)}
 
 
 @pytest.mark.parametrize("variant", KERNEL_VARIANTS)
@@ -120,8 +136,7 @@ def test_split_boundaries(tokens, split_len, granularity, variant, seed):
     k_q, k_s = quantize_kv(k, granularity)
     v_q, v_s = quantize_kv(v, granularity)
     out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, split_len=split_len, **KERNEL_VARIANTS[variant])
-    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
-                                   dequantize_kv(v_q, v_s, granularity, torch.float64))
+    truth = kernel_truth(q, k_q, k_s, v_q, v_s, granularity, **KERNEL_VARIANTS[variant])
     assert rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
@@ -140,8 +155,7 @@ def test_reads_a_growing_cache_in_place_and_ignores_its_spare(variant, seed):
         spare_data[:, :, :45], spare_scale[:, :, :45] = data, scale
         views += [spare_data[:, :, :45], spare_scale[:, :, :45]]
     out = int8_decode_attention(q, *views, "token", split_len=32, **KERNEL_VARIANTS[variant])
-    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
-                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    truth = kernel_truth(q, k_q, k_s, v_q, v_s, "token", **KERNEL_VARIANTS[variant])
     assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
@@ -160,22 +174,21 @@ def test_reads_a_window_that_starts_past_the_first_token(start, seed):
     unaligned.copy_(k_q)
     assert unaligned.data_ptr() % 16 and (start % 4 == 0 or k_s.data_ptr() % 16)
     out = int8_decode_attention(q, unaligned, k_s, v_q, v_s, "token", split_len=32)
-    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
-                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    truth = kernel_truth(q, k_q, k_s, v_q, v_s, "token")
     assert rel_err(out, truth) < 1e-5, f"seed {seed}"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, overflowing in discarded lanes
-@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
-def test_large_scores_stay_finite(products, head_dim, seed):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_large_scores_stay_finite(kernel, seed):
     """Scores in the hundreds: the online softmax's running max keeps every exponent <= 0."""
+    head_dim, options = KERNELS[kernel]
     q, k, v = qkv(1, 2, 70, head_dim, seed, torch.float16, q_scale=60.0)
     for granularity in ("token", "channel"):
         k_q, k_s = quantize_kv(k, granularity)
         v_q, v_s = quantize_kv(v, granularity)
-        out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, products=products)
-        truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, granularity, torch.float64),
-                                       dequantize_kv(v_q, v_s, granularity, torch.float64))
+        out = int8_decode_attention(q, k_q, k_s, v_q, v_s, granularity, **options)
+        truth = kernel_truth(q, k_q, k_s, v_q, v_s, granularity, **options)
         assert torch.isfinite(out).all() and rel_err(out, truth) < 4e-3, f"{granularity} (seed {seed})"
 
 
@@ -197,12 +210,13 @@ def test_tensor_core_kernel_holds_fp16_range(magnitude, granularity, seed):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, overflowing in discarded lanes
-@pytest.mark.parametrize("products,head_dim", PRODUCTS_AND_HEAD_DIM)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("gap", [126, 135, 144])
-def test_a_block_far_below_the_running_max_adds_nothing_and_breaks_nothing(gap, products, head_dim, seed):
+def test_a_block_far_below_the_running_max_adds_nothing_and_breaks_nothing(gap, kernel, seed):
     """One 16-token block scores ``gap`` (base 2) below the block before it, so its weights are
     subnormal floats: the tensor-core kernel's power-of-two operand scaling once made them infinite
     and the output NaN. Per-token scales, where the weights are scaled."""
+    head_dim, options = KERNELS[kernel]
     gen = torch.Generator().manual_seed(seed)
     q = torch.zeros(1, 2, head_dim)
     q[..., 0] = 1000.0
@@ -213,10 +227,39 @@ def test_a_block_far_below_the_running_max_adds_nothing_and_breaks_nothing(gap, 
     q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
     k_q, k_s = quantize_kv(k, "token")
     v_q, v_s = quantize_kv(v, "token")
-    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, "token", products=products, split_len=32, block_t=16)
-    truth = eager_decode_attention(q.double(), dequantize_kv(k_q, k_s, "token", torch.float64),
-                                   dequantize_kv(v_q, v_s, "token", torch.float64))
+    out = int8_decode_attention(q, k_q, k_s, v_q, v_s, "token", split_len=32, block_t=16, **options)
+    truth = kernel_truth(q, k_q, k_s, v_q, v_s, "token", **options)
     assert torch.isfinite(out).all() and rel_err(out, truth) < 1e-5, f"seed {seed}"
+
+
+@pytest.mark.parametrize("granularity", ["token", "channel"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_query_quantization_is_within_half_a_step(dtype, granularity, seed):
+    """The int8 query the kernel forms (``quantize_query`` is its torch twin, bit for bit): every
+    value in [-127, 127], within half a step of q (per-channel K scales folded in; plus the fp32
+    quotient's rounding, at most half an ulp of 127 = 2^-18 steps), the largest at +-127; an
+    all-zero query quantizes to zeros."""
+    q, k, _ = qkv(3, 4, 9, 64, seed, dtype, q_scale=5.0)
+    _, k_s = quantize_kv(k, granularity)
+    folded = k_s if granularity == "channel" else None
+    values, step = quantize_query(q, folded)
+    exact = q.double() * (folded.double() if folded is not None else 1.0)
+    assert values.abs().max() <= 127 and (values.abs().amax(-1) == 127).all()
+    assert ((values.double() * step.double().unsqueeze(-1) - exact).abs()
+            <= step.double().unsqueeze(-1) * (0.5 + 2**-18)).all(), f"seed {seed}"
+    zeros, unit = quantize_query(torch.zeros_like(q), folded)
+    assert (zeros == 0).all() and (unit == 1).all()
+
+
+def test_an_all_zero_query_attends_uniformly():
+    """q = 0 gives equal scores, so the output is the mean of the dequantized V: the int8 query's
+    step guard (0 / 0 would be NaN) and the integer products at zero."""
+    q, k, v = qkv(2, 3, 77, 32, 0, torch.float32)
+    k_q, k_s = quantize_kv(k, "token")
+    v_q, v_s = quantize_kv(v, "token")
+    out = int8_decode_attention(torch.zeros_like(q), k_q, k_s, v_q, v_s, "token", int8_query=True, split_len=32)
+    mean_v = dequantize_kv(v_q, v_s, "token", torch.float64).mean(dim=2)
+    assert rel_err(out, mean_v) < 1e-5
 
 
 def test_rejects_bad_arguments():
@@ -232,6 +275,10 @@ def test_rejects_bad_arguments():
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="wmma")
     with pytest.raises(ValueError, match='head_dim >= 64.*products="fma"'):
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", products="dot")
+    q64, k64, _ = qkv(1, 2, 8, 64, 0, torch.float32)
+    k64_q, k64_s = quantize_kv(k64, "token")
+    with pytest.raises(ValueError, match='int8_query applies to the CUDA-core kernel.*products="fma"'):
+        int8_decode_attention(q64, k64_q, k64_s, k64_q, k64_s, "token", products="dot", int8_query=True)
     with pytest.raises(ValueError, match="block_t must be one of"):
         int8_decode_attention(q, k_q, k_s, k_q, k_s, "token", block_t=48)
     _, channel_scales = quantize_kv(k, "channel")
