@@ -325,8 +325,11 @@ def _cdiv(a: int, b: int) -> int:
 
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
 MAX_SPLITS = 128
-#: Token blocks a caller may force (``block_t``): powers of two that the configs above span.
+#: Token blocks a caller may force (``block_t``): powers of two that the configs above span. 16 only
+#: under the interpreter: on the H200 (triton 3.6) a forced 16-token block faulted with "misaligned
+#: address" (2026-12-02); the autotuner's configs start at 32.
 _FORCED_BLOCKS = (16, 32, 64, 128)
+_FORCED_BLOCKS_GPU = (32, 64, 128)
 #: Under the interpreter: small token blocks and splits, so tiny test caches still use several splits.
 _INTERP_BLOCK_T = 16
 _INTERP_SPLIT = 32
@@ -416,8 +419,9 @@ def int8_decode_attention(
     ``granularity="token"`` or (B, H, D) for ``"channel"``. Returns (B, H, D) in q's dtype.
     ``ptx_dequant`` defaults to on for GPUs (off under the interpreter, which cannot run PTX).
     ``stages`` and ``block_t`` (tests, bench sweeps) force one config on 4 warps: loads pipelined
-    ``stages`` steps deep (1: none; default 3 on a GPU) over blocks of ``block_t`` tokens (16 to 128;
-    default 64 on a GPU). By default the GPU autotunes both, and the interpreter runs 1 x 16.
+    ``stages`` steps deep (1: none; default 3 on a GPU) over blocks of ``block_t`` tokens (32 to 128,
+    and 16 under the interpreter; default 64 on a GPU). By default the GPU autotunes both, and the
+    interpreter runs 1 x 16.
     ``products`` picks the CUDA-core (``"fma"``) or the tensor-core (``"dot"``, head_dim >= 64) kernel.
     ``int8_query`` (CUDA-core kernel only; default ``INT8_QUERY``): quantize q per (batch, head) to
     int8 and form the scores as exact int8 dot products (``int8_query.py``); False: fp32 products.
@@ -435,8 +439,11 @@ def int8_decode_attention(
     if products == "dot" and int8_query:
         raise ValueError('int8_query applies to the CUDA-core kernel; use products="fma" or int8_query=None')
     int8_query = INT8_QUERY if int8_query is None else bool(int8_query)
-    if block_t is not None and block_t not in _FORCED_BLOCKS:
-        raise ValueError(f"block_t must be one of {_FORCED_BLOCKS}, got {block_t!r}")
+    gpu = _on_gpu(q)
+    allowed = _FORCED_BLOCKS_GPU if gpu else _FORCED_BLOCKS
+    if block_t is not None and block_t not in allowed:
+        raise ValueError(f"block_t must be one of {allowed} on {'a GPU' if gpu else 'the interpreter'}, "
+                         f"got {block_t!r}")
     wanted = (b, h, t if granularity == "token" else d)
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if tuple(scale.shape) != wanted:
@@ -446,7 +453,6 @@ def int8_decode_attention(
     q, k_q, v_q = _by_head(q), _by_head(k_q), _by_head(v_q)
     k_scale, v_scale = _by_head(k_scale.float()), _by_head(v_scale.float())
     k_words, v_words = k_q.view(torch.int32), v_q.view(torch.int32)  # 4 channels per word
-    gpu = _on_gpu(q)
     split_len, num_splits = _split_plan(q, t, split_len, gpu)
     part_acc = torch.empty((b * h * num_splits, d), device=q.device, dtype=torch.float32)
     part_ml = torch.empty((b * h * num_splits, 2), device=q.device, dtype=torch.float32)
