@@ -16,7 +16,9 @@ partial output with its running max and sum, and a second small kernel merges th
 Dequantization never uses the int -> float convert instruction (a quarter-rate pipe on Hopper, which
 at ~1 GB of int8 per step would cost as much time as the memory traffic). Instead each int8 value is
 sign-extended and added into the mantissa of 2^23 (float bits 0x4B000080 + q encode exactly
-2^23 + 128 + q), and one float subtraction recovers q: integer and FP32 pipes only, exact.
+2^23 + 128 + q), and one float subtraction recovers q: integer and FP32 pipes only, exact. By
+default K is not dequantized at all: the query is quantized to int8 and each K word's four products
+are one exact ``dp4a`` (``int8_query.py``); only the per-token score is converted to float.
 """
 
 from __future__ import annotations
