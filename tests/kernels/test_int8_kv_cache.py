@@ -351,3 +351,13 @@ def test_plugin_variants_meet_the_tolerance_on_default_cases():
             assert rel_err(got, truth) <= min(limit, INT8_ERROR_BUDGET), (case.id, name)
             outside = ((got.double() - truth).abs() > tol.atol + tol.rtol * truth.abs()).double().mean()
             assert outside <= tol.max_mismatch, (case.id, name)
+
+
+def test_long_splits_tune_only_blocks_of_64_tokens_or_more():
+    """The autotuner's pre-prune: 32-token blocks only for splits shorter than ``_LONG_SPLIT``."""
+    from microscope_kernels.int8_kv_cache.kernel import _INT8_SPLIT_CONFIGS, _LONG_SPLIT, _prune_int8_blocks
+
+    blocks = lambda split_len: {c.kwargs["BLOCK_T"] for c in _prune_int8_blocks(  # noqa: E731
+        _INT8_SPLIT_CONFIGS, {"split_len": split_len})}
+    assert blocks(_LONG_SPLIT - 1) == {32, 64, 128}
+    assert blocks(_LONG_SPLIT) == blocks(4096) == {64, 128}
