@@ -279,7 +279,7 @@ _INT8_SPLIT_CONFIGS = [triton.Config({"BLOCK_T": bt, "STAGES": stages}, num_warp
 #: The best tile depends on the split length and how many splits (programs) there are.
 _INT8_KEY = ["split_len", "num_splits", "D", "PER_TOKEN", "PTX_DEQUANT"]
 #: Splits at least this long skip 32-token blocks: in the H200 config sweeps (two runs, both kernels,
-#: both granularities, T8192 and T32768) 64-token blocks were 1-6% faster in all 8 rows, yet the
+#: both granularities, T8192 and T32768) 64-token blocks were 2.6-6.1% faster in all 8 rows, yet the
 #: tuner's single timing per config picked 32 twice, each 3-4% slower in the timed rounds.
 _LONG_SPLIT = 1024
 

@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 from microscope_kernels.int8_kv_cache.int8_query import quantize_query
+from microscope_kernels.int8_kv_cache.kernel import dequantize_kv
 
 
 def eager_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -48,5 +49,4 @@ def int8_query_decode_attention(q: torch.Tensor, k_q: torch.Tensor, k_scale: tor
         scores = scores * k_scale.double()
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     weights = torch.softmax(scores * scale, dim=-1)
-    v = v_q.double() * (v_scale.double().unsqueeze(-1) if per_token else v_scale.double().unsqueeze(-2))
-    return torch.einsum("bht,bhtd->bhd", weights, v)
+    return torch.einsum("bht,bhtd->bhd", weights, dequantize_kv(v_q, v_scale, granularity, torch.float64))
