@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from microscope_kernels.int8_kv_cache import direct_launch
+from microscope_kernels import direct_launch
 from microscope_kernels.int8_kv_cache.kernel import decode_attention, int8_decode_attention, quantize_kv
 from microscope_kernels.int8_kv_cache.reference import sdpa_decode_attention
 from microscope_kernels.safe_softmax.bench import gpu_header

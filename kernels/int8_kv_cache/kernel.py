@@ -29,8 +29,8 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.direct_launch import DirectLauncher
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
-from microscope_kernels.int8_kv_cache.direct_launch import DirectLauncher
 from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel

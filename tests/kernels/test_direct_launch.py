@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-from microscope_kernels.int8_kv_cache import direct_launch
-from microscope_kernels.int8_kv_cache.direct_launch import DirectLauncher, specialization
+from microscope_kernels import direct_launch
+from microscope_kernels.direct_launch import DirectLauncher, specialization
 from microscope_kernels.int8_kv_cache.kernel import _LAUNCH_INT8, _LAUNCH_MERGE, int8_decode_attention, quantize_kv
 from triton import language as tl
 from triton.runtime.jit import JITFunction

@@ -1,4 +1,5 @@
-"""Launch an already-compiled Triton kernel without Triton's per-call dispatch (the decode hot path).
+"""Launch an already-compiled Triton kernel without Triton's per-call dispatch (hot paths: int8 decode,
+fused LayerNorm+GeLU).
 
 Why: one decode step's device time at B16 H32 T8192 is ~0.27 ms, and ``kernel[grid](...)`` spends
 tens of microseconds of Python per launch before the kernel is queued: binding the arguments,
