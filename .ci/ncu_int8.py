@@ -1,4 +1,5 @@
-"""One launch of each int8 per-token split kernel at B64 H8 T32768 D128, for Nsight Compute.
+"""One launch of each int8 per-token split kernel (int8 query, fp32 query, tensor cores) at B64 H8
+T32768 D128, for Nsight Compute.
 
 Run through ``bash .ci/gpu_session.sh ncu``; the configs are the autotuner's H200 winners, fixed so
 that no tuning launches reach the profiler.
@@ -24,6 +25,7 @@ v = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
 kq, ks = quantize_kv(k, "token")
 vq, vs = quantize_kv(v, "token")
 del k, v
-for products in ("fma", "dot"):
-    int8_decode_attention(q, kq, ks, vq, vs, "token", products=products)
+# the int8-query (dp4a) kernel, the fp32-product one it replaced, the tensor-core one
+for products, int8_query in (("fma", True), ("fma", False), ("dot", None)):
+    int8_decode_attention(q, kq, ks, vq, vs, "token", products=products, int8_query=int8_query)
 torch.cuda.synchronize()
