@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -75,6 +76,22 @@ def _thunks(fn: LnFn, x, w, b, dy, approximate: str):
     return forward, backward
 
 
+def _host_us_per_call(fn: LnFn, approximate: str, dtype: torch.dtype, calls: int = 2000) -> float:
+    """Wall microseconds per inference call on 8 rows, launched back to back: the GPU work is a few
+    microseconds, so this is the host's cost (Python, checks, launch). A 16384x4096 forward runs
+    ~75 us on the GPU, so a host cost near that would make the do_bench rows above host-bound."""
+    x, w, b, _ = _inputs(8, 4096, dtype)
+    with torch.no_grad():
+        for _ in range(20):
+            fn(x, w, b, EPS, approximate)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(x, w, b, EPS, approximate)
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -117,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 same_size_copy=same_size_copy)
     for key, plan in tuned_forward_plans().items():
         print(f"   forward plan chosen for key {key}: {plan}")
+    # torch.compile is left out: the new shape would recompile it (dynamic=False)
+    host = {name: _host_us_per_call(variants[name], args.approximate, dtype) for name in ("eager", "triton")}
+    print("   host time per inference call (8x4096, back to back): "
+          + ", ".join(f"{name} {us:.1f} us" for name, us in host.items()))
     return rows
 
 

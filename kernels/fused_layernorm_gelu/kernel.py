@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
+from microscope_kernels.direct_launch import DirectLauncher
 
 from microscope.api import interpreting
 
@@ -108,12 +109,13 @@ def _gelu_grad(y, APPROX_TANH: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _row_tile(PTR, block, stride, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+def _row_tile(PTR, block, stride, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+              POLICY: tl.constexpr):
     """Load rows [block*BLOCK_M, +BLOCK_M) as stored (no upcast yet: a prefetched tile stays packed)."""
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     return tl.load(PTR + rows.to(tl.int64)[:, None] * stride + cols[None, :],
-                   mask=_tile_mask(rows, cols, M, N, EVEN_N), other=0.0)
+                   mask=_tile_mask(rows, cols, M, N, EVEN_N), other=0.0, eviction_policy=POLICY)
 
 
 @triton.jit
@@ -129,31 +131,42 @@ def _tile_mask(rows, cols, M, N, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _fwd_kernel(
-    X, W, B, Y, MEAN, RSTD,
+    X, W, B, Y, STATS,
     M, N, stride_x, stride_y, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    APPROX_TANH: tl.constexpr, STORE_STATS: tl.constexpr, FAST: tl.constexpr,
-    PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    APPROX_TANH: tl.constexpr, FAST: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, POLICY: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
     """Each program keeps weight/bias in fp32 registers and walks row tiles with a stride of the
     grid size. How the next tile's HBM read overlaps this one's math is a launch choice
     (``forward_plans``): with one program per tile the loop runs once and other programs cover the
-    latency; on a persistent grid either ``PREFETCH`` loads the next tile into registers before
+    latency; on a persistent grid either ``PREFETCH`` loads the next tile(s) into registers before
     computing the current one, or ``STAGES`` > 1 lets the compiler pipeline the loads through shared
-    memory that many tiles deep."""
+    memory that many tiles deep.
+
+    Every call writes each row's mean and rstd to ``STATS`` (rows ``[0, M)`` and ``[M, 2M)``), which
+    the backward reads: 8 bytes a row beside the row's own 2*N*s. Inference calls write them too,
+    so that inference and training run one compiled kernel and return the same bits (with the
+    stores compiled out, the inference kernel's output differed in the last bit on the H200)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     b = tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    if PREFETCH:
-        x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+    if PREFETCH >= 1:
+        x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, POLICY)
+    if PREFETCH == 2:
+        x_next2 = _row_tile(X, pid + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, POLICY)
     for block in tl.range(pid, tl.cdiv(M, BLOCK_M), step, num_stages=STAGES):
-        if PREFETCH:
+        if PREFETCH == 2:
             x = x_next.to(tl.float32)
-            x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+            x_next = x_next2
+            x_next2 = _row_tile(X, block + 2 * step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, POLICY)
+        elif PREFETCH == 1:
+            x = x_next.to(tl.float32)
+            x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, POLICY)
         else:
-            x = _row_tile(X, block, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N).to(tl.float32)
+            x = _row_tile(X, block, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, POLICY).to(tl.float32)
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         mean = tl.sum(x, axis=1) / N
         xc = x - mean[:, None]
@@ -162,10 +175,9 @@ def _fwd_kernel(
         rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
         y = _gelu(xc * rstd[:, None] * w + b, APPROX_TANH, FAST)
         tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
-                 mask=_tile_mask(rows, cols, M, N, EVEN_N))
-        if STORE_STATS:
-            tl.store(MEAN + rows, mean, mask=rows < M)
-            tl.store(RSTD + rows, rstd, mask=rows < M)
+                 mask=_tile_mask(rows, cols, M, N, EVEN_N), cache_modifier=STORE_CACHE)
+        tl.store(STATS + rows, mean, mask=rows < M)
+        tl.store(STATS + M + rows, rstd, mask=rows < M)
 
 
 @triton.jit
@@ -187,13 +199,13 @@ def _bwd_kernel(
     b = tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
-    dy_next = _row_tile(DY, pid, stride_dy, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+    x_next = _row_tile(X, pid, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, "")
+    dy_next = _row_tile(DY, pid, stride_dy, M, N, BLOCK_M, BLOCK_N, EVEN_N, "")
     for block in range(pid, tl.cdiv(M, BLOCK_M), step):
         x = x_next.to(tl.float32)
         dy = dy_next.to(tl.float32)
-        x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N)
-        dy_next = _row_tile(DY, block + step, stride_dy, M, N, BLOCK_M, BLOCK_N, EVEN_N)
+        x_next = _row_tile(X, block + step, stride_x, M, N, BLOCK_M, BLOCK_N, EVEN_N, "")
+        dy_next = _row_tile(DY, block + step, stride_dy, M, N, BLOCK_M, BLOCK_N, EVEN_N, "")
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)[:, None]
@@ -298,24 +310,33 @@ class ForwardPlan:
 
     ``persistent=False`` is one program per tile (other resident programs hide the latency);
     ``persistent=True`` is one wave of programs walking tiles, overlapping by a register ``prefetch``
-    of the next tile or by the compiler's shared-memory pipeline of ``stages`` tiles.
+    of the next tile (or the next two) or by the compiler's shared-memory pipeline of ``stages``
+    tiles. ``stream_hints`` marks the loads ``evict_first`` and the stores ``.cs`` (streaming).
+    Prefetching two tiles and the hints lost on the H200 (``launch_study.py``, README) and are
+    not among the tuned plans; they stay launchable so that study can be re-run.
     """
 
     warps: int
     persistent: bool
-    prefetch: bool = False
+    prefetch: int = 0
     stages: int = 1
+    stream_hints: bool = False
 
     def consts(self) -> dict:
-        return {"PREFETCH": self.prefetch, "STAGES": self.stages}
+        return {"PREFETCH": self.prefetch, "STAGES": self.stages,
+                "POLICY": "evict_first" if self.stream_hints else "",
+                "STORE_CACHE": ".cs" if self.stream_hints else ""}
 
     def __str__(self) -> str:
-        how = ("register prefetch" if self.prefetch else f"{self.stages}-stage pipeline") if self.persistent \
+        ahead = "register prefetch" if self.prefetch == 1 else f"register prefetch of {self.prefetch} tiles"
+        how = (ahead if self.prefetch else f"{self.stages}-stage pipeline") if self.persistent \
             else "one program per tile"
-        return f"{self.warps} warps, {'persistent, ' if self.persistent else ''}{how}"
+        hints = ", streaming hints" if self.stream_hints else ""
+        return f"{self.warps} warps, {'persistent, ' if self.persistent else ''}{how}{hints}"
 
 
-def forward_plans(n: int) -> list[ForwardPlan]:
+@functools.cache
+def forward_plans(n: int) -> tuple[ForwardPlan, ...]:
     """The candidates the GPU forward is timed over for rows of ``n`` elements: warp counts that
     keep 8..64 fp32 values per thread of the tile, each with the three ways of overlapping loads.
     Which wins depends on the row length and on the row count (a 16K-row tensor is ~1 wave's
@@ -324,20 +345,25 @@ def forward_plans(n: int) -> list[ForwardPlan]:
     block_n = triton.next_power_of_2(n)
     tile = _tile_shape(block_n)[0] * block_n
     warps = [w for w in (4, 8, 16, 32) if 8 <= tile // (32 * w) <= 64] or [_tile_shape(block_n)[1]]
-    return [plan for w in warps for plan in (ForwardPlan(w, persistent=False),
-                                             ForwardPlan(w, persistent=True, prefetch=True),
-                                             ForwardPlan(w, persistent=True, stages=3))]
+    return tuple(plan for w in warps for plan in (ForwardPlan(w, persistent=False),
+                                                  ForwardPlan(w, persistent=True, prefetch=1),
+                                                  ForwardPlan(w, persistent=True, stages=3)))
 
 
 #: The interpreter's plan: persistent with the register prefetch, so CPU runs walk the loop too.
-INTERPRETER_PLAN = ForwardPlan(4, persistent=True, prefetch=True)
+INTERPRETER_PLAN = ForwardPlan(4, persistent=True, prefetch=1)
 
 _FWD_PLANS: dict[tuple, ForwardPlan] = {}
 
 
-def _tuned_plan(key: tuple, plans: list[ForwardPlan], launch: Callable[[ForwardPlan], None]) -> ForwardPlan:
+def _tuned_plan(key: tuple, plans: Sequence[ForwardPlan], launch: Callable[[ForwardPlan], None]) -> ForwardPlan:
     """The fastest of ``plans`` under ``triton.testing.do_bench``, measured once per shape class on
-    the GPU and cached. The forward is pure, so re-running it while timing is harmless."""
+    the GPU and cached. The forward is pure, so re-running it while timing is harmless.
+
+    The key leaves out whether the call saves statistics: an inference call and a training call of
+    one shape must run the same plan, because plans differ in warps, hence in reduction order, and
+    the inference output must be the training output's bits (timed separately, near-ties picked
+    different plans on the H200 and the two calls differed in the last bit)."""
     if key not in _FWD_PLANS:
         if len(plans) == 1:
             _FWD_PLANS[key] = plans[0]
@@ -354,6 +380,14 @@ def tuned_forward_plans() -> dict[tuple, str]:
 
 
 # -- launchers ------------------------------------------------------------------------------------
+#: After the first call per specialization these skip Triton's per-call dispatch. On the H200
+#: machine a whole inference call cost 83 us of host time with plain launches, more than the
+#: 16384x4096 forward's ~76 us on the GPU, so do_bench rows there could be the host's.
+_LAUNCH_FWD = DirectLauncher(_fwd_kernel)
+_LAUNCH_BWD = DirectLauncher(_bwd_kernel)
+_LAUNCH_SUM = DirectLauncher(_sum_partials_kernel)
+
+
 def _result(like: torch.Tensor) -> torch.Tensor:
     """Where a kernel writes a result. The CPU interpreter converts fp32 to bf16 by truncation
     (about 2x the error of the GPU's round-to-nearest), so under it bf16 results are written in fp32
@@ -399,17 +433,17 @@ def layernorm_gelu_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, approximate: str, store_stats: bool,
     plan: ForwardPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Launch the forward; returns ``(y, mean, rstd)`` (statistics only when ``store_stats``).
+    """Launch the forward; returns ``(y, mean, rstd)`` (the statistics only when ``store_stats``;
+    the kernel writes them either way, see ``_fwd_kernel``).
 
     ``plan`` forces a launch plan (tests, benches); by default the GPU times ``forward_plans`` once
     per shape class and the interpreter uses ``INTERPRETER_PLAN``."""
     x2 = _as_rows(x)
     m, n = x2.shape
     y = _result(x2)
-    mean = torch.empty(m, device=x.device, dtype=torch.float32) if store_stats else y
-    rstd = torch.empty(m, device=x.device, dtype=torch.float32) if store_stats else y
-    consts = {**_consts(n, approximate, x.device), "STORE_STATS": store_stats}
-    args = (x2, weight, bias, y, mean, rstd, m, n, x2.stride(0), y.stride(0), eps)
+    stats = torch.empty((2, m), device=x.device, dtype=torch.float32)  # mean, rstd
+    consts = _consts(n, approximate, x.device)
+    args = (x2, weight, bias, y, stats, m, n, x2.stride(0), y.stride(0), eps)
     row_blocks = triton.cdiv(m, consts["BLOCK_M"])
 
     def launch(chosen: ForwardPlan) -> None:
@@ -417,13 +451,16 @@ def layernorm_gelu_forward(
         programs = row_blocks
         if chosen.persistent:
             programs = _persistent_grid(_fwd_kernel, args, plan_consts, row_blocks, chosen.warps, x.device)
-        _fwd_kernel[(programs,)](*args, **plan_consts, num_warps=chosen.warps)
+        _LAUNCH_FWD((programs,), *args, **plan_consts, num_warps=chosen.warps)
 
     if plan is None and _on_gpu_device(x.device):
-        key = (n, m.bit_length(), x.dtype, approximate, store_stats, str(x.device))
+        key = (n, m.bit_length(), x.dtype, approximate, x.device)
         plan = _tuned_plan(key, forward_plans(n), launch)
     launch(plan or INTERPRETER_PLAN)
-    return y.to(x.dtype).view(x.shape), (mean if store_stats else None), (rstd if store_stats else None)
+    if store_stats:
+        mean, rstd = stats
+        return y.to(x.dtype).view(x.shape), mean, rstd
+    return y.to(x.dtype).view(x.shape), None, None
 
 
 def layernorm_gelu_backward(
@@ -444,16 +481,15 @@ def layernorm_gelu_backward(
                                   consts, row_blocks, warps, x.device)
     dw_part = torch.empty((programs, n), device=x.device, dtype=torch.float32)
     db_part = torch.empty((programs, n), device=x.device, dtype=torch.float32)
-    _bwd_kernel[(programs,)](x2, weight, bias, dy2, dx, mean, rstd, dw_part, db_part, *tail,
-                             **consts, num_warps=warps)
+    _LAUNCH_BWD((programs,), x2, weight, bias, dy2, dx, mean, rstd, dw_part, db_part, *tail,
+                **consts, num_warps=warps)
     dw = _result(weight)
     db = _result(bias)
     # 32 columns (128 B rows of partials) per program: N/32 programs share the (programs x N)
     # buffers, and up to 256 partial rows per load keep each program's reads in one wave.
     block_c = min(32, consts["BLOCK_N"])
-    _sum_partials_kernel[(triton.cdiv(n, block_c),)](dw_part, db_part, dw, db, programs, n,
-                                                     BLOCK_P=min(256, triton.next_power_of_2(programs)),
-                                                     BLOCK_C=block_c, num_warps=8)
+    _LAUNCH_SUM((triton.cdiv(n, block_c),), dw_part, db_part, dw, db, programs, n,
+                BLOCK_P=min(256, triton.next_power_of_2(programs)), BLOCK_C=block_c, num_warps=8)
     return dx.to(x.dtype).view(x.shape), dw.to(weight.dtype), db.to(bias.dtype)
 
 

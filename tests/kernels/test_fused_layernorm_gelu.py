@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from microscope_kernels import direct_launch
 from microscope_kernels.fused_layernorm_gelu.ablation import FusedLayerNormGelu
 from microscope_kernels.fused_layernorm_gelu.kernel import (
+    _LAUNCH_BWD,
+    _LAUNCH_FWD,
+    _LAUNCH_SUM,
     ForwardPlan,
     _tile_shape,
     forward_plans,
@@ -86,12 +90,14 @@ def test_constant_rows_give_gelu_of_bias(seed):
     check_against_float64(x, w, b, dy, "tanh", torch.float32, seed)
 
 
-@pytest.mark.parametrize("plan", [ForwardPlan(4, persistent=False), ForwardPlan(4, persistent=True, prefetch=True),
-                                  ForwardPlan(8, persistent=True, stages=3)], ids=str)
+@pytest.mark.parametrize("plan", [ForwardPlan(4, persistent=False), ForwardPlan(4, persistent=True, prefetch=1),
+                                  ForwardPlan(8, persistent=True, stages=3),
+                                  ForwardPlan(4, persistent=True, prefetch=2, stream_hints=True)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_every_forward_plan_matches_float64(plan, dtype, seed):
     """The GPU picks among these plans by timing: each must compute the same thing (here on more
-    row tiles than programs, with a ragged last tile and a row length that is not a power of two)."""
+    row tiles than programs, with a ragged last tile and a row length that is not a power of two).
+    The last plan is not tuned over, only timed by ``launch_study.py``; it must be right as well."""
     x, w, b, _ = make_inputs((67, 300), seed)
     x, w, b = (t.to(dtype) for t in (x, w, b))
     y, mean, rstd = layernorm_gelu_forward(x, w, b, 1e-5, "tanh", store_stats=True, plan=plan)
@@ -118,6 +124,22 @@ def test_inference_call_matches_training_call(seed):
         y_inf = layernorm_gelu(x, w, b)
     y_train = layernorm_gelu(x.requires_grad_(True), w, b)
     assert torch.equal(y_inf, y_train.detach()), f"seed {seed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_repeat_calls_launch_directly_and_match_triton_dispatch_bitwise(seed, monkeypatch):
+    """After the first call of a shape, forward and backward launch their compiled kernels directly
+    (``kernels/direct_launch.py``); Triton's own dispatch must give the same bits."""
+    x, w, b, dy = make_inputs((333, 1000), seed)
+    run(layernorm_gelu, x, w, b, dy, "tanh", torch.bfloat16)  # first call: tunes, compiles, caches
+    direct = run(layernorm_gelu, x, w, b, dy, "tanh", torch.bfloat16)
+    assert all(launcher.last[1] for launcher in (_LAUNCH_FWD, _LAUNCH_BWD, _LAUNCH_SUM)), f"seed {seed}"
+    with monkeypatch.context() as patch:
+        patch.setattr(direct_launch, "ENABLED", False)
+        dispatched = run(layernorm_gelu, x, w, b, dy, "tanh", torch.bfloat16)
+    assert not _LAUNCH_FWD.last[1]
+    assert all(torch.equal(a, c) for a, c in zip(direct, dispatched)), f"seed {seed}"
 
 
 def test_backward_is_deterministic(seed):
