@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     print_table(f"fused_layernorm_gelu {args.dtype} {args.approximate}: fwd bytes = read x + write y; "
                 f"bwd = read x, dy + write dx", rows, copy_gbps, peers=["torch.compile", "eager"],
                 same_size_copy=same_size_copy)
-    print_table("forward launch plans (inference call, no statistics)", plan_rows, copy_gbps, peers=[],
+    print_table("forward launch plans (inference call)", plan_rows, copy_gbps, peers=[],
                 same_size_copy=same_size_copy)
     for key, plan in tuned_forward_plans().items():
         print(f"   forward plan chosen for key {key}: {plan}")

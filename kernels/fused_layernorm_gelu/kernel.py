@@ -380,9 +380,9 @@ def tuned_forward_plans() -> dict[tuple, str]:
 
 
 # -- launchers ------------------------------------------------------------------------------------
-#: After the first call per specialization these skip Triton's per-call dispatch. On the H200
-#: machine a whole inference call cost 83 us of host time with plain launches, more than the
-#: 16384x4096 forward's ~76 us on the GPU, so do_bench rows there could be the host's.
+#: After the first call per specialization these skip Triton's per-call dispatch, one part of the
+#: host time per call: a whole inference call cost 83-98 us of host time on the H200 machines
+#: (eager: 19-24 us), about the 16384x4096 forward's ~76 us on the GPU (README, "Host time").
 _LAUNCH_FWD = DirectLauncher(_fwd_kernel)
 _LAUNCH_BWD = DirectLauncher(_bwd_kernel)
 _LAUNCH_SUM = DirectLauncher(_sum_partials_kernel)
