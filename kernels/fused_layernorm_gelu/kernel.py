@@ -360,10 +360,9 @@ def _tuned_plan(key: tuple, plans: Sequence[ForwardPlan], launch: Callable[[Forw
     """The fastest of ``plans`` under ``triton.testing.do_bench``, measured once per shape class on
     the GPU and cached. The forward is pure, so re-running it while timing is harmless.
 
-    The key leaves out whether the call saves statistics: an inference call and a training call of
-    one shape must run the same plan, because plans differ in warps, hence in reduction order, and
-    the inference output must be the training output's bits (timed separately, near-ties picked
-    different plans on the H200 and the two calls differed in the last bit)."""
+    The key leaves out whether the call returns statistics: an inference call and a training call
+    of one shape must run the same plan, because plans differ in warps, hence possibly in reduction
+    order, and the inference output must be the training output's bits."""
     if key not in _FWD_PLANS:
         if len(plans) == 1:
             _FWD_PLANS[key] = plans[0]
