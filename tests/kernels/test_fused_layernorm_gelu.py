@@ -72,6 +72,22 @@ def test_forward_and_gradients_match_float64(shape, approximate, dtype, seed):
     check_against_float64(*make_inputs(shape, seed), approximate, dtype, seed)
 
 
+@pytest.mark.parametrize("layout", ["column slice", "transposed", "broadcast row"])
+def test_strided_inputs_match_their_contiguous_copies(layout, seed):
+    """2-D inputs go to the kernel as they are when their columns are contiguous (a row stride
+    wider than the row, or 0 for a broadcast row), and are copied otherwise: either way the output
+    and the gradients are those of the contiguous input."""
+    x, w, b, dy = make_inputs((21, 300), seed)
+    wide = torch.randn(21, 333, generator=torch.Generator().manual_seed(seed))
+    strided = {"column slice": wide[:, 7:307], "transposed": x.t().contiguous().t(),
+               "broadcast row": x[:1].expand(21, 300)}[layout]
+    assert not strided.is_contiguous()
+    got = run(layernorm_gelu, strided.to(DEVICE), w, b, dy, "tanh", torch.float32)
+    want = run(layernorm_gelu, strided.contiguous().to(DEVICE), w, b, dy, "tanh", torch.float32)
+    for name, a, c in zip(("y", "dx", "dweight", "dbias"), got, want):
+        assert torch.allclose(a, c, rtol=1e-6, atol=1e-6), f"{name}, {layout}, seed {seed}"
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_large_offset_and_magnitude(dtype, seed):
     """A mean of 300 over a spread of 1 (fp32 would cancel with a one-pass E[x^2] - E[x]^2 variance),
