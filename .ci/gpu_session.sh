@@ -8,6 +8,7 @@
 #   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench
 #   bash .ci/gpu_session.sh ncu                     # Nsight Compute on the int8 decode kernels
 #   bash .ci/gpu_session.sh host                    # host time per int8 decode call, both launch paths
+#   bash .ci/gpu_session.sh host:fused_layernorm_gelu  # host time per call of another room
 #   bash .ci/gpu_session.sh study:stages            # a launch study of the fused LayerNorm+GeLU forward
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
@@ -107,11 +108,12 @@ for part in "${parts[@]}"; do
     flash | benches | planted | model | catalogue | tests) "$part" ;;
     ncu) ncu_int8 ;;
     host) host_cost ;;
+    host:*) step "host-cost-${part#host:}" "${HOST_LIMIT:-150}" python3 -m "microscope_kernels.${part#host:}.host_cost" ;;
     study:*) step "ln-launch-study-${part#study:}" "${BENCH_LIMIT:-120}" \
       python3 -m microscope_kernels.fused_layernorm_gelu.launch_study --study "${part#study:}" ;;
     run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
     bench:*) bench "${part#bench:}" ;;  # one room's bench, e.g. bench:int8_kv_cache
-    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, host, study:NAME, run:CONFIG, bench:ROOM)" |
+    *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, host, host:ROOM, study:NAME, run:CONFIG, bench:ROOM)" |
       tee -a "$log" ;;
   esac
 done
