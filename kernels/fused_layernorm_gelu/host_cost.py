@@ -1,4 +1,5 @@
-"""Host time per fused LayerNorm+GeLU call (``python -m microscope_kernels.fused_layernorm_gelu.host_cost``, GPU).
+"""Host time per fused LayerNorm+GeLU call, on a GPU
+(``python -m microscope_kernels.fused_layernorm_gelu.host_cost``).
 
 Why: on the H200 machines a whole inference call cost 83-98 us of host time (eager's two ops: 19-24
 us), about the 16384x4096 forward's GPU time, and the 16384x4096 backward read host-bound (README,
@@ -12,14 +13,12 @@ timing helpers are the int8 room's (``int8_kv_cache/host_cost.py``).
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable, Sequence
 
 import torch
-from microscope_kernels import direct_launch
 from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
-from microscope_kernels.int8_kv_cache.host_cost import CALLS, interleaved_host_us, profile_calls
+from microscope_kernels.int8_kv_cache.host_cost import interleaved_host_us, print_host_table, profile_calls
 from microscope_kernels.safe_softmax.bench import gpu_header
 
 EPS = 1e-5
@@ -64,14 +63,7 @@ def main(argv: Sequence[str] | None = None) -> dict[tuple[str, bool], list[float
     for name in ("triton inference", "triton training"):
         print(f"\n== cProfile of {name}, direct launches, by own time")
         profile_calls(thunks[name], args.top)
-    print(f"== host us per call: median (min-max) over {args.rounds} interleaved rounds of {CALLS} calls, "
-          "GPU busy throughout")
-    print(f"   {'call':20s} {'Triton dispatch':>22s} {'direct launch':>22s}")
-    for name in thunks:
-        cells = [f"{statistics.median(v):6.1f} ({min(v):.0f}-{max(v):.0f})"
-                 for v in (results[name, False], results[name, True])]
-        print(f"   {name:20s} {cells[0]:>22s} {cells[1]:>22s}")
-    direct_launch.ENABLED = True
+    print_host_table(results, args.rounds)
     return results
 
 

@@ -72,6 +72,18 @@ def profile_calls(fn: Callable[[], object], top: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def print_host_table(results: dict[tuple[str, bool], list[float]], rounds: int) -> None:
+    """us per call of each call both ways (median, min-max over the rounds) and the share saved."""
+    print(f"== host us per call: median (min-max) over {rounds} interleaved rounds of {CALLS} calls, "
+          "GPU busy throughout")
+    print(f"   {'call':32s} {'Triton dispatch':>22s} {'direct launch':>22s} {'saved':>7s}")
+    for name in dict.fromkeys(name for name, _ in results):
+        cells = [f"{statistics.median(v):6.1f} ({min(v):.0f}-{max(v):.0f})" for v in
+                 (results[name, False], results[name, True])]
+        saved = 1 - statistics.median(results[name, True]) / statistics.median(results[name, False])
+        print(f"   {name:32s} {cells[0]:>22s} {cells[1]:>22s} {saved:7.0%}")
+
+
 def _cache_shape(text: str) -> tuple[int, int, int, int]:
     try:
         b, h, t, d = (int(x) for x in text.split(","))
@@ -109,14 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict[tuple[str, bool], list[float
               "by own time")
         profile_calls(thunks["int8_token"], args.top)
     direct_launch.ENABLED = True
-    print(f"== host us per call: median (min-max) over {args.rounds} interleaved rounds of {CALLS} calls, "
-          "GPU busy throughout")
-    print(f"   {'call':32s} {'Triton dispatch':>22s} {'direct launch':>22s} {'saved':>7s}")
-    for name in thunks:
-        cells = [f"{statistics.median(v):6.1f} ({min(v):.0f}-{max(v):.0f})" for v in
-                 (results[name, False], results[name, True])]
-        saved = 1 - statistics.median(results[name, True]) / statistics.median(results[name, False])
-        print(f"   {name:32s} {cells[0]:>22s} {cells[1]:>22s} {saved:7.0%}")
+    print_host_table(results, args.rounds)
     return results
 
 
