@@ -22,6 +22,7 @@ from microscope_kernels.fused_layernorm_gelu.kernel import (
     layernorm_gelu_forward,
 )
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
+from microscope_kernels.fused_layernorm_gelu.tma_forward import _fwd_tma_kernel, descriptors
 
 from microscope.api import DTYPES, Role
 
@@ -123,6 +124,33 @@ def test_every_forward_plan_matches_float64(plan, dtype, seed):
     assert torch.allclose(mean.double(), x.double().mean(-1), atol=1e-5), f"{plan}, seed {seed}"
     var = x.double().var(-1, unbiased=False)
     assert torch.allclose(rstd.double(), (var + 1e-5).rsqrt(), rtol=1e-4), f"{plan}, seed {seed}"
+
+
+@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma stores"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_tma_study_variant_matches_float64(dtype, tma_store, seed):
+    """The TMA forward that ``launch_study --study tma`` times must compute what the shipped one
+    does: output and statistics, on more rows than programs (the persistent walk wraps)."""
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need sm_90+")
+    x, w, b, _ = make_inputs((37, 256), seed)
+    x, w, b = (t.to(dtype) for t in (x, w, b))
+    y = torch.empty_like(x)
+    stats = torch.empty((2, 37), device=DEVICE, dtype=torch.float32)
+    _fwd_tma_kernel[(5,)](*descriptors(x, y), w, b, y, stats, 37, 256, y.stride(0), 1e-5, BLOCK_N=256,
+                          APPROX_TANH=True, FAST=DEVICE == "cuda", STAGES=2, TMA_STORE=tma_store)
+    truth = layernorm_gelu_eager(x.double(), w.double(), b.double(), 1e-5, "tanh")
+    eager = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
+    assert rel_err(y, truth) <= 4 * rel_err(eager, truth) + torch.finfo(dtype).eps, f"seed {seed}"
+    assert torch.allclose(stats[0].double(), x.double().mean(-1), atol=1e-5), f"seed {seed}"
+    var = x.double().var(-1, unbiased=False)
+    assert torch.allclose(stats[1].double(), (var + 1e-5).rsqrt(), rtol=1e-4), f"seed {seed}"
+
+
+def test_tma_study_variant_rejects_rows_it_cannot_block():
+    x = torch.zeros(3, 300, device=DEVICE)
+    with pytest.raises(ValueError, match="power-of-two row length, got 300"):
+        descriptors(x, x)
 
 
 def test_forward_plans_cover_every_overlap_at_sane_warp_counts():
