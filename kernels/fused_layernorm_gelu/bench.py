@@ -63,15 +63,24 @@ def _correctness(dtype: torch.dtype) -> bool:
 
 
 def _thunks(fn: LnFn, x, w, b, dy, approximate: str):
+    """(forward, backward) thunks; backward alone replays ``torch.autograd.grad`` on a kept graph.
+
+    Autograd runs a backward op on the stream its forward ran on. A CUDA graph captures on a
+    stream of its own and cannot take in work from the legacy default stream, so the forward is
+    built again on whatever stream the first call outside a capture finds current (the timing
+    helper's warm-up call): captured, the backward then forks from and joins the capture stream."""
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return fn(x, w, b, EPS, approximate)
 
     leaves = [t.detach().requires_grad_(True) for t in (x, w, b)]
-    y = fn(*leaves, EPS, approximate)
+    graph: dict[str, object] = {"y": fn(*leaves, EPS, approximate), "stream": torch.cuda.current_stream()}
 
     def backward() -> object:
-        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        stream = torch.cuda.current_stream()
+        if stream != graph["stream"] and not torch.cuda.is_current_stream_capturing():
+            graph.update(y=fn(*leaves, EPS, approximate), stream=stream)
+        return torch.autograd.grad(graph["y"], leaves, dy, retain_graph=True)
 
     return forward, backward
 
@@ -103,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     dtype = DTYPES[args.dtype]
     gpu_header(f"fused_layernorm_gelu bench, {args.dtype}, approximate={args.approximate}")
     _correctness(dtype)
-    copy_gbps = copy_bandwidth_gbps(max(m * n for m, n in SHAPES) * dtype.itemsize)
+    copy_gbps = copy_bandwidth_gbps(max(m * n for m, n in SHAPES) * dtype.itemsize, graphs=args.graphs)
     variants: dict[str, LnFn] = {
         "eager": layernorm_gelu_eager,
         "torch.compile": torch.compile(layernorm_gelu_eager, dynamic=False),
@@ -115,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     for m, n in SHAPES:
         x, w, b, dy = _inputs(m, n, dtype)
         size = m * n * dtype.itemsize
-        same_size_copy[f"fwd {m}x{n}"] = same_size_copy[f"bwd {m}x{n}"] = copy_bandwidth_gbps(size)
+        same_size_copy[f"fwd {m}x{n}"] = same_size_copy[f"bwd {m}x{n}"] = copy_bandwidth_gbps(size, graphs=args.graphs)
         for name, fn in variants.items():
             try:
                 forward, backward = _thunks(fn, x, w, b, dy, args.approximate)

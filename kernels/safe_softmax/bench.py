@@ -102,12 +102,15 @@ def interleaved_medians(thunks: Mapping[str, Callable[[], object]], rounds: int 
             for name, v in per_round.items()}
 
 
-def copy_bandwidth_gbps(nbytes: int) -> float:
+def copy_bandwidth_gbps(nbytes: int, graphs: bool = False) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second) on an ``nbytes`` buffer:
-    the ceiling that bandwidth-bound kernels are quoted against."""
+    the ceiling that bandwidth-bound kernels are quoted against. ``graphs`` as in ``measure``: a
+    kernel timed from graph replays is quoted against a copy timed the same way (plain do_bench
+    flushes L2 before each call and leaves the host's gap in the figure, which costs a short copy
+    several percent)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = measure(lambda: dst.copy_(src), "copy")
+    ms = measure(lambda: dst.copy_(src), "copy", graphs=graphs)
     return 2 * nbytes / (ms * 1e-3) / 1e9 if ms else float("nan")
 
 
