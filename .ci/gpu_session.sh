@@ -78,7 +78,7 @@ catalogue() {  # the catalogue plugins through microscope, operator level, on th
 }
 # The kernel tests that put their tensors on the GPU when one is present (CI runs them interpreted).
 KERNEL_TESTS=(tests/kernels/test_flash_attn_kernel.py tests/kernels/test_fused_layernorm_gelu.py
-  tests/kernels/test_direct_launch.py tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
+  tests/kernels/test_direct_launch.py tests/kernels/test_copy_kernel.py tests/kernels/test_int8_kv_cache.py tests/kernels/test_safe_softmax.py tests/kernels/test_catalogue_model_level.py)
 tests() {  # the GPU-marked tests, then every operator plugin through the runner, then the kernel tests
   # the quick GPU-marked tests first (29 s for 9 of them on an H200), so a slow one cannot hide them
   step gpu-tests "${GPU_TEST_LIMIT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 \
