@@ -55,4 +55,3 @@ def descriptors(x: torch.Tensor, y: torch.Tensor) -> tuple[TensorDescriptor, Ten
     if n & (n - 1):
         raise ValueError(f"the TMA study variant needs a power-of-two row length, got {n}")
     return TensorDescriptor.from_tensor(x, [1, n]), TensorDescriptor.from_tensor(y, [1, n])
-

@@ -114,11 +114,13 @@ def copy_bandwidth_gbps(nbytes: int, graphs: bool = False) -> float:
     returned: the stricter ceiling, whichever timing gives it."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = measure(lambda: dst.copy_(src), "copy")
-    gbps = 2 * nbytes / (ms * 1e-3) / 1e9 if ms else float("nan")
+
+    def gbps_of(ms: float | None) -> float:
+        return 2 * nbytes / (ms * 1e-3) / 1e9 if ms else float("nan")
+
+    gbps = gbps_of(measure(lambda: dst.copy_(src), "copy"))
     if graphs:
-        graph_ms = measure(lambda: triton_copy(src, dst), "triton copy", graphs=True)
-        graph_gbps = 2 * nbytes / (graph_ms * 1e-3) / 1e9 if graph_ms else float("nan")
+        graph_gbps = gbps_of(measure(lambda: triton_copy(src, dst), "triton copy", graphs=True))
         print(f"   copy of {nbytes / 2**20:.0f} MiB: torch copy_ under do_bench {gbps:.0f} GB/s, Triton copy "
               f"from graph replays {graph_gbps:.0f} GB/s; quoted against the faster")
         gbps = max(gbps, graph_gbps)

@@ -56,6 +56,16 @@ def check_against_float64(x, w, b, dy, approximate, dtype, seed, factor=4.0):
             f"(eager's own: {rel_err(base, ref):.3g}; seed {seed})")
 
 
+def check_forward(x, w, b, y, mean, rstd, label: str) -> None:
+    """A tanh forward's output within 4x eager's error of float64 (+ a floor), and its statistics."""
+    truth = layernorm_gelu_eager(x.double(), w.double(), b.double(), 1e-5, "tanh")
+    eager = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
+    assert rel_err(y, truth) <= 4 * rel_err(eager, truth) + torch.finfo(x.dtype).eps, label
+    assert torch.allclose(mean.double(), x.double().mean(-1), atol=1e-5), label
+    var = x.double().var(-1, unbiased=False)
+    assert torch.allclose(rstd.double(), (var + 1e-5).rsqrt(), rtol=1e-4), label
+
+
 def make_inputs(shape, seed, scale=1.0, offset=0.0):
     gen = torch.Generator().manual_seed(seed)
     n = shape[-1]
@@ -118,12 +128,7 @@ def test_every_forward_plan_matches_float64(plan, dtype, seed):
     x, w, b, _ = make_inputs((67, 300), seed)
     x, w, b = (t.to(dtype) for t in (x, w, b))
     y, mean, rstd = layernorm_gelu_forward(x, w, b, 1e-5, "tanh", store_stats=True, plan=plan)
-    truth = layernorm_gelu_eager(x.double(), w.double(), b.double(), 1e-5, "tanh")
-    eager = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
-    assert rel_err(y, truth) <= 4 * rel_err(eager, truth) + torch.finfo(dtype).eps, f"{plan}, seed {seed}"
-    assert torch.allclose(mean.double(), x.double().mean(-1), atol=1e-5), f"{plan}, seed {seed}"
-    var = x.double().var(-1, unbiased=False)
-    assert torch.allclose(rstd.double(), (var + 1e-5).rsqrt(), rtol=1e-4), f"{plan}, seed {seed}"
+    check_forward(x, w, b, y, mean, rstd, f"{plan}, seed {seed}")
 
 
 @pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma stores"])
@@ -139,12 +144,7 @@ def test_tma_study_variant_matches_float64(dtype, tma_store, seed):
     stats = torch.empty((2, 37), device=DEVICE, dtype=torch.float32)
     _fwd_tma_kernel[(5,)](*descriptors(x, y), w, b, y, stats, 37, 256, y.stride(0), 1e-5, BLOCK_N=256,
                           APPROX_TANH=True, FAST=DEVICE == "cuda", STAGES=2, TMA_STORE=tma_store)
-    truth = layernorm_gelu_eager(x.double(), w.double(), b.double(), 1e-5, "tanh")
-    eager = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
-    assert rel_err(y, truth) <= 4 * rel_err(eager, truth) + torch.finfo(dtype).eps, f"seed {seed}"
-    assert torch.allclose(stats[0].double(), x.double().mean(-1), atol=1e-5), f"seed {seed}"
-    var = x.double().var(-1, unbiased=False)
-    assert torch.allclose(stats[1].double(), (var + 1e-5).rsqrt(), rtol=1e-4), f"seed {seed}"
+    check_forward(x, w, b, y, stats[0], stats[1], f"seed {seed}")
 
 
 def test_tma_study_variant_rejects_rows_it_cannot_block():
