@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats as sps
 
-from .bootstrap import bootstrap, bootstrap_clustered_mean, make_rng, percentile_ci
+from .bootstrap import bootstrap, bootstrap_clustered_mean, bootstrap_p, make_rng, percentile_ci
 
 __all__ = [
     "ACCURACY_VERDICTS",
@@ -54,7 +54,7 @@ __all__ = [
     "compare_unpaired_accuracy",
 ]
 
-ACCURACY_VERDICTS = ("better", "worse", "non-inferior", "equivalent", "inconclusive")
+ACCURACY_VERDICTS = ("identical", "better", "worse", "non-inferior", "equivalent", "inconclusive")
 #: Default replicates for accuracy bootstraps (token-level samples are large; 2000 keeps it fast).
 ACCURACY_N_BOOT = 2_000
 
@@ -113,15 +113,14 @@ def _as_1d(x: ArrayLike, label: str) -> np.ndarray:
     return a
 
 
-def _t_p(estimate: float, se: float, df: float) -> float:
-    """Two-sided p of a t statistic with a bootstrap standard error (a bootstrap t-test)."""
-    if se > 0 and df > 0:
-        return float(2.0 * sps.t.sf(abs(estimate) / se, df))
-    return 1.0 if estimate == 0 else 0.0
-
-
 def _finish(vargs: dict, **fields: object) -> AccuracyComparison:
-    """Attach the verdict (from the CI and p in ``fields``) and the verdict's parameters."""
+    """Attach the verdict (from the CI and p in ``fields``) and the verdict's parameters.
+
+    A zero difference with a zero-width CI means every paired unit was bit-identical: "identical",
+    not a test result that could not decide.
+    """
+    if fields["estimate"] == 0 and fields["ci_low"] == 0 and fields["ci_high"] == 0:
+        return AccuracyComparison(verdict="identical", **vargs, **fields)  # type: ignore[arg-type]
     verdict = accuracy_verdict(fields["ci_low"], fields["ci_high"], fields["p"], **vargs)  # type: ignore[arg-type]
     return AccuracyComparison(verdict=verdict, **vargs, **fields)  # type: ignore[arg-type]
 
@@ -141,7 +140,7 @@ def compare_paired_accuracy(
 
     ``base[i]`` and ``cand[i]`` must be the same token/example. Elements where either is non-finite
     are dropped (and noted). ``groups`` (same length, e.g. sequence ids) switches to a cluster
-    bootstrap over groups. The p-value is a t-test with the bootstrap standard error (df = units - 1).
+    bootstrap over groups. The p-value is the bootstrap tail fraction at zero, so it agrees with the CI.
     """
     b, c = _as_1d(base, "base"), _as_1d(cand, "cand")
     if b.size != c.size:
@@ -178,7 +177,7 @@ def compare_paired_accuracy(
         reps = bootstrap((d,), lambda x: x.mean(axis=1), paired=True, n_boot=n_boot, rng=rng)
         units, method = int(d.size), "paired-bootstrap"
     lo, hi = percentile_ci(reps, alpha)
-    p = _t_p(estimate, float(np.std(reps, ddof=1)), units - 1)
+    p = bootstrap_p(reps)
     return _finish(
         vargs,
         estimate=estimate,
@@ -206,7 +205,7 @@ def compare_unpaired_accuracy(
     """Unpaired bootstrap CI of ``mean(cand) - mean(base)``: the two samples resampled independently.
 
     For different eval sets only; on the same eval set it throws the pairing away (see the module
-    docstring). p: t-test with the bootstrap standard error, df = min(n_base, n_cand) - 1.
+    docstring). p: the bootstrap tail fraction at zero (agrees with the CI).
     """
     b, c = _as_1d(base, "base"), _as_1d(cand, "cand")
     notes: list[str] = []
@@ -238,7 +237,7 @@ def compare_unpaired_accuracy(
         (b, c), lambda x, y: y.mean(axis=1) - x.mean(axis=1), paired=False, n_boot=n_boot, rng=rng
     )
     lo, hi = percentile_ci(reps, alpha)
-    p = _t_p(estimate, float(np.std(reps, ddof=1)), min(b.size, c.size) - 1)
+    p = bootstrap_p(reps)
     return _finish(
         vargs,
         estimate=estimate,

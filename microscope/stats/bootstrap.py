@@ -26,6 +26,7 @@ __all__ = [
     "MAX_CELLS",
     "bootstrap",
     "bootstrap_clustered_mean",
+    "bootstrap_p",
     "make_rng",
     "percentile_ci",
 ]
@@ -55,6 +56,20 @@ def percentile_ci(replicates: np.ndarray, alpha: float = 0.05) -> tuple[float, f
         return float("nan"), float("nan")
     lo, hi = np.quantile(reps, [alpha / 2.0, 1.0 - alpha / 2.0])
     return float(lo), float(hi)
+
+
+def bootstrap_p(replicates: np.ndarray, null: float = 0.0) -> float:
+    """Two-sided p of ``null`` from bootstrap replicates: twice the smaller tail fraction at ``null``.
+
+    It is the p that matches ``percentile_ci``: the interval at level alpha excludes ``null`` exactly
+    when this p is below alpha, so a verdict that reads either one reads the same thing.
+    """
+    reps = np.asarray(replicates, dtype=float)
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return float("nan")
+    tail = min(float(np.mean(reps <= null)), float(np.mean(reps >= null)))
+    return min(1.0, 2.0 * tail)
 
 
 def _index_chunks(n: int, n_boot: int, rng: np.random.Generator, rows: int) -> Iterator[np.ndarray]:

@@ -2,22 +2,29 @@
 
 A training-stability or generalization claim rests on a few seeds, each reduced to one number:
 the coefficient of variation of the global grad norm, the count of loss spikes, the count of NaN/Inf
-steps, the out-of-domain gap (OOD loss minus in-domain loss). Such numbers are small samples, often
-skewed or discrete (counts with many zeros), so the comparison is distribution-free:
+steps, the out-of-domain gap (OOD loss minus in-domain loss), the loss at 4x the trained context.
 
-* Mann-Whitney U (two-sided) for "do the seeds of one variant tend to sit higher";
-* a seeded bootstrap CI of the difference of means (or medians) for "by how much";
-* ``prob_greater`` = P(a candidate seed's value > a baseline seed's value), ties half, the
-  common-language effect size.
+The verdict and its confidence interval come from **one** method, so they agree by construction
+(a CI that excludes zero is a p below alpha, and the reverse):
 
-When baseline and candidate share their seeds (the harness gives both the same trial seeds, so the
-same initial weights and data order) ``paired=True`` keeps seed i of both together in the bootstrap.
+* ``paired=True`` (the harness gives baseline and candidate the same trial seeds: same initial
+  weights, data order and eval set): a paired t-test on the per-seed differences and its t interval.
+  With 3 seeds a side a rank test cannot go below p = 0.1; the paired t can, when the differences are
+  consistent across seeds;
+* ``paired=False``: Welch's t-test and its interval (no equal-variance assumption: a destabilizing
+  change often widens the spread across seeds);
+* ``statistic="median"``: a seeded bootstrap of the difference of medians; its p is the bootstrap's
+  own two-sided tail fraction at zero, so again the interval and the p agree.
+
+``prob_greater`` = P(a candidate seed's value > a baseline seed's value), ties half: the
+common-language effect size, shown, never used for the verdict.
 
 Verdicts, with ``delta = stat(cand) - stat(base)`` and its CI ``[lo, hi]``, in this order:
 
-* ``"equivalent"``: ``margin > 0`` and ``-margin < lo`` and ``hi < margin`` (TOST, as for accuracy),
-  or both samples are the same constant (e.g. zero NaN steps on every seed of both);
-* ``"better"`` / ``"worse"``: p < alpha and the CI excludes 0 on the improving / degrading side
+* ``"identical"``: every seed gave bit-identical values on both sides (paired), or both sides are the
+  same constant;
+* ``"equivalent"``: ``margin > 0`` and ``-margin < lo`` and ``hi < margin`` (TOST, as for accuracy);
+* ``"better"`` / ``"worse"``: p < alpha (the CI excludes 0) on the improving / degrading side
   (``lower_is_better`` says which; with ``lower_is_better=None`` the verdicts are ``"lower"`` /
   ``"higher"``);
 * ``"inconclusive"`` otherwise.
@@ -35,7 +42,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats as sps
 
-from .bootstrap import DEFAULT_N_BOOT, bootstrap, make_rng, percentile_ci
+from .bootstrap import DEFAULT_N_BOOT, bootstrap, bootstrap_p, make_rng, percentile_ci
 
 __all__ = [
     "DistributionComparison",
@@ -43,8 +50,6 @@ __all__ = [
     "count_loss_spikes",
     "count_nonfinite",
     "grad_norm_cv",
-    "seeds_to_decide",
-    "smallest_mannwhitney_p",
 ]
 
 
@@ -129,17 +134,18 @@ def compare_distributions(
             notes=tuple(notes),
         )
     mw = sps.mannwhitneyu(c, b, alternative="two-sided")
-    p = float(mw.pvalue) if math.isfinite(mw.pvalue) else 1.0
     prob_greater = float(mw.statistic) / (b.size * c.size)
-    rng = make_rng(seed, "distribution", statistic)
-    reps = bootstrap(
-        (b, c), lambda x, y: stat(y, axis=1) - stat(x, axis=1), paired=paired, n_boot=n_boot, rng=rng
-    )
-    lo, hi = percentile_ci(reps, alpha)
+    if statistic == "median":
+        method = "bootstrap of the difference of medians"
+        lo, hi, p = _bootstrap_interval(b, c, stat, paired, alpha, n_boot, make_rng(seed, "distribution", statistic))
+    else:
+        method = "paired t over seeds" if paired else "Welch t"
+        lo, hi, p = _t_interval(b, c, paired, alpha)
 
-    if np.ptp(b) == 0 and np.ptp(c) == 0 and b[0] == c[0]:
-        verdict = "equivalent"
-        notes.append("both variants gave the same value on every seed")
+    identical = (paired and bool(np.all(b == c))) or (np.ptp(b) == 0 and np.ptp(c) == 0 and b[0] == c[0])
+    if identical:
+        verdict = "identical"
+        notes.append("bit-identical values on every seed")
     elif margin > 0 and -margin < lo and hi < margin:
         verdict = "equivalent"
     elif p < alpha and (lo > 0 or hi < 0):
@@ -150,10 +156,7 @@ def compare_distributions(
             verdict = "worse" if higher == lower_is_better else "better"
     else:
         verdict = "inconclusive"
-        floor = smallest_mannwhitney_p(b.size, c.size)
-        if floor >= alpha:
-            notes.append(f"{b.size} vs {c.size} seeds cannot decide: Mann-Whitney's smallest p here is "
-                         f"{floor:.2g} >= alpha {alpha:g}; run >= {seeds_to_decide(alpha)} seeds per variant")
+    notes.insert(0, method)
     return DistributionComparison(
         verdict=verdict,
         statistic=statistic,
@@ -172,19 +175,25 @@ def compare_distributions(
     )
 
 
-def smallest_mannwhitney_p(n_base: int, n_cand: int) -> float:
-    """The smallest two-sided exact Mann-Whitney p that ``n_base`` vs ``n_cand`` values can give
-    (complete separation): 2 / C(n_base + n_cand, n_base). With 3 seeds a side it is 0.1, so no
-    3-seed comparison can be called different at alpha 0.05 however large the effect."""
-    return min(1.0, 2.0 / math.comb(n_base + n_cand, n_base))
+def _t_interval(b: np.ndarray, c: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float]:
+    """(lo, hi, p) of mean(c) - mean(b): paired t on the differences, or Welch; exact at zero variance."""
+    d = c - b if paired else None
+    spread = np.ptp(d) if d is not None else max(np.ptp(b), np.ptp(c))
+    delta = float(d.mean()) if d is not None else float(c.mean() - b.mean())
+    if spread == 0:  # the same difference on every seed (or constant sides): it is exact
+        return delta, delta, (1.0 if delta == 0 else 0.0)
+    res = sps.ttest_rel(c, b) if paired else sps.ttest_ind(c, b, equal_var=False)
+    ci = res.confidence_interval(confidence_level=1.0 - alpha)
+    return float(ci.low), float(ci.high), float(res.pvalue)
 
 
-def seeds_to_decide(alpha: float) -> int:
-    """Fewest seeds per variant at which Mann-Whitney can reach p < ``alpha`` (4 at 0.05)."""
-    n = 2
-    while smallest_mannwhitney_p(n, n) >= alpha:
-        n += 1
-    return n
+def _bootstrap_interval(b: np.ndarray, c: np.ndarray, stat, paired: bool, alpha: float,  # noqa: ANN001
+                        n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """(lo, hi, p) from one bootstrap: the percentile CI and the two-sided tail fraction at zero."""
+    reps = bootstrap((b, c), lambda x, y: stat(y, axis=1) - stat(x, axis=1), paired=paired, n_boot=n_boot,
+                     rng=rng)
+    lo, hi = percentile_ci(reps, alpha)
+    return lo, hi, bootstrap_p(reps)
 
 
 def grad_norm_cv(grad_norms: ArrayLike) -> float:

@@ -45,14 +45,17 @@ A/A noise band
     full comparison (by about sqrt(2), more under strong drift): the band errs on the side of "not a
     change".
 band
-    ``tau = max(min_band, 2 x A/A spread)``: criterion.rs' noise threshold (fixed at 1% there),
-    widened to what this run's own noise demands.
+    ``tau = max(min_band, exp(2 x A/A spread) - 1)``, the spread measured on the log of the ratio:
+    criterion.rs' noise threshold (fixed at 1% there), widened to what this run's own noise
+    demands. The band is multiplicative, ``(1 / (1 + tau), 1 + tau)``, so a noisy run (an
+    interpreter, a shared CPU) widens it symmetrically in speed-up and slow-down and a 30x slowdown
+    never sits "inside the band" (for small tau this is ``1 -+ tau``).
 
 Verdict rule (DESIGN.md "Statistics"; criterion.rs' rule with a measured band, plus TOST):
 
-* ``"faster"``: p < alpha AND the whole CI lies below ``1 - tau``;
+* ``"faster"``: p < alpha AND the whole CI lies below ``1 / (1 + tau)``;
 * ``"slower"``: p < alpha AND the whole CI lies above ``1 + tau``;
-* ``"equivalent"``: the whole CI lies inside ``(1 - tau, 1 + tau)`` (two one-sided tests at level
+* ``"equivalent"``: the whole CI lies inside ``(1 / (1 + tau), 1 + tau)`` (two one-sided tests at level
   alpha/2 each, so conservative) AND ``tau <= max_band``: an equivalence claim of "+-30%" on a noisy
   machine would be technically true and practically useless, so it is not made;
 * ``"inconclusive"`` otherwise, with an estimate of the rounds needed.
@@ -78,6 +81,7 @@ __all__ = [
     "LATENCY_VERDICTS",
     "LatencyComparison",
     "aa_halves",
+    "band_from_spread",
     "compare_latency",
     "decide_latency",
     "estimate_rounds_needed",
@@ -158,7 +162,7 @@ def _median_of_ratios(b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def _ratio_with_ci(
     base: np.ndarray, cand: np.ndarray, paired: bool, alpha: float, n_boot: int, rng: np.random.Generator
 ) -> tuple[float, float, float, float]:
-    """(effect, ci_low, ci_high, bootstrap standard error) of cand/base, paired or not."""
+    """(effect, ci_low, ci_high, bootstrap standard error of log(ratio)) of cand/base, paired or not."""
     if paired:
         effect = float(np.median(cand / base))
         reps = bootstrap((base, cand), _median_of_ratios, paired=True, n_boot=n_boot, rng=rng)
@@ -166,7 +170,14 @@ def _ratio_with_ci(
         effect = float(np.median(cand) / np.median(base))
         reps = bootstrap((base, cand), _ratio_of_medians, paired=False, n_boot=n_boot, rng=rng)
     lo, hi = percentile_ci(reps, alpha)
-    return effect, lo, hi, float(np.std(reps, ddof=1)) if reps.size > 1 else 0.0
+    logs = np.log(reps[np.isfinite(reps) & (reps > 0)])
+    return effect, lo, hi, float(np.std(logs, ddof=1)) if logs.size > 1 else 0.0
+
+
+def band_from_spread(aa_spread: float, min_band: float) -> float:
+    """``tau = max(min_band, exp(2 x spread) - 1)``: the relative change pure noise can show."""
+    spread = aa_spread if math.isfinite(aa_spread) else 0.0
+    return max(min_band, math.expm1(2.0 * spread))
 
 
 def decide_latency(
@@ -175,11 +186,12 @@ def decide_latency(
     """The verdict rule of the module docstring, on a CI of the ratio cand/base and a p-value."""
     if not all(math.isfinite(v) for v in (ci_low, ci_high, p, tau)):
         return "inconclusive"
-    if p < alpha and ci_high < 1.0 - tau:
+    low_edge, high_edge = 1.0 / (1.0 + tau), 1.0 + tau
+    if p < alpha and ci_high < low_edge:
         return "faster"
-    if p < alpha and ci_low > 1.0 + tau:
+    if p < alpha and ci_low > high_edge:
         return "slower"
-    if 1.0 - tau < ci_low and ci_high < 1.0 + tau and tau <= max_band:
+    if low_edge < ci_low and ci_high < high_edge and tau <= max_band:
         return "equivalent"
     return "inconclusive"
 
@@ -355,10 +367,10 @@ def compare_latency(
             )
     else:
         notes.append("fewer than 4 baseline rounds: no A/A estimate, band = min_band")
-    tau = max(min_band, 2.0 * aa_spread)
+    tau = band_from_spread(aa_spread, min_band)
 
     verdict = decide_latency(ci_low, ci_high, p, alpha=alpha, tau=tau, max_band=max_band)
-    if verdict == "inconclusive" and 1.0 - tau < ci_low and ci_high < 1.0 + tau:
+    if verdict == "inconclusive" and 1.0 / (1.0 + tau) < ci_low and ci_high < 1.0 + tau:
         notes.append(
             f"CI inside the band but band +-{tau:.1%} is wider than max_band +-{max_band:.1%}: "
             "too noisy to call equivalent"

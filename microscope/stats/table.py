@@ -81,11 +81,18 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "verdict",
     "n",
     "notes",
+    "vs",
+    "gated",
 )
 _KEYS = ["plugin", "case_id", "dimension", "metric"]
 _FLOATS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj")
 #: Verdicts that claim a significant difference and so must survive the multiplicity adjustment.
 SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower"})
+#: The verdict of a speed or memory row whose variant fails accuracy in that case.
+NOT_JUDGED = "not judged"
+#: ``vs`` column: what the candidate is compared with.
+VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
+INTERPRETER_TIMING = "not gated: interpreter timing"
 _ROLE_ORDER = {"candidate": 0, "peer": 1}
 
 _LOWER_HINTS = (
@@ -165,6 +172,8 @@ class _Row:
     verdict: str = "inconclusive"
     n: int | None = None
     notes: list[str] = field(default_factory=list)
+    vs: str = VS_BASELINE
+    gated: bool = False
     family: str | None = None  # "gating" | "exploratory" | None (no test)
 
     def as_dict(self) -> dict[str, Any]:
@@ -284,9 +293,18 @@ def _status_of(recs: pd.DataFrame) -> str:
 # -- one comparison per kind ---------------------------------------------------------------------------
 
 
+def _interpreted(recs: pd.DataFrame) -> bool:
+    """Whether a latency record timed a Triton kernel through the CPU interpreter."""
+    return any(bool(_detail(rec, "interpreted")) for _, rec in recs.iterrows())
+
+
 def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
     b, c = _arrays(base, "rounds"), _arrays(cand, "rounds")
-    row.family = "gating" if row.role == "candidate" else "exploratory"
+    row.family = "gating" if row.role == "candidate" and row.vs == VS_BASELINE else "exploratory"
+    if _interpreted(base) or _interpreted(cand):
+        # the interpreter's speed says nothing about the kernel's: shown, tested, never gated
+        row.family, row.gated = "exploratory", False
+        row.notes.append(INTERPRETER_TIMING)
     if b is None or c is None:
         bv, cv = _median(_floats(base)), _median(_floats(cand))
         row.baseline_value, row.candidate_value, row.ratio_or_delta = bv, cv, _ratio(cv, bv)
@@ -523,6 +541,7 @@ def _compare_group(key: tuple[str, ...], grp: pd.DataFrame, opts: dict[str, Any]
     for variant in order:
         recs = others[others["variant"] == variant]
         row = _Row(plugin, case_id, dimension, metric, base_name, variant, str(recs["role"].iloc[0]))
+        row.gated = row.role == "candidate"
         ok = recs[recs["status"] == "ok"]
         if len(ok) == 0:
             row.verdict = _status_of(recs)
@@ -615,8 +634,81 @@ def compare_records(
     rows: list[_Row] = []
     for key, grp in df.groupby(_KEYS, sort=False):
         rows.extend(_compare_group(tuple(key), grp, opts))
+    wrong = incorrect_variants(df)
+    rows.extend(_best_peer_rows(df, wrong, opts))
+    _judge_only_correct(rows, wrong)
     _adjust(rows, alpha, family_by)
     return _to_frame(rows)
+
+
+def incorrect_variants(df: pd.DataFrame) -> dict[tuple[str, str, str], str]:
+    """(plugin, case_id, variant) -> why, for every variant that failed accuracy in a case.
+
+    A failed accuracy trial (it raised, or returned NaN/Inf) and a numerics check that did not pass
+    both count: such a variant's speed and memory in that case are not a result (KernelBench's fast_p).
+    """
+    acc = df[df["dimension"] == "accuracy"]
+    if not len(acc):
+        return {}
+    flags = acc["passed"].map(lambda v: v is False or v is np.False_)
+    bad = acc[(acc["status"] == "failed") | flags]
+    out: dict[tuple[str, str, str], str] = {}
+    for _, rec in bad.iterrows():
+        key = (str(rec["plugin"]), str(rec["case_id"]), str(rec["variant"]))
+        if key not in out:
+            why = rec["reason"] if not _missing(rec["reason"]) else f"{rec['metric']} fails its tolerance"
+            out[key] = f"{rec['metric']}: {why}"
+    return out
+
+
+def _judge_only_correct(rows: list[_Row], wrong: dict[tuple[str, str, str], str]) -> None:
+    """Speed and memory rows of a variant that fails accuracy in the case become "not judged"."""
+    for row in rows:
+        if row.dimension not in ("throughput", "memory") or row.verdict in ("failed", "skipped"):
+            continue
+        why = wrong.get((row.plugin, row.case_id, row.candidate))
+        if why is None:
+            continue
+        row.verdict, row.family, row.p_adj = NOT_JUDGED, None, math.nan
+        row.notes.insert(0, f"not judged: fails accuracy ({_clip(why, 160)})")
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _best_peer_rows(df: pd.DataFrame, wrong: dict[tuple[str, str, str], str], opts: dict[str, Any]) -> list[_Row]:
+    """Each candidate against the fastest correct peer of the same case, on the same interleaved rounds.
+
+    "Correct" means the peer passed every accuracy check of that case; "fastest" is the lowest median
+    latency. The rows answer the kernel author's question, "how does my kernel stand against the best
+    thing I could use instead?"; they are exploratory (Benjamini-Hochberg), not part of the gate unless
+    the config's ``gate.best_peer`` asks for it.
+    """
+    lat = df[(df["dimension"] == "throughput") & (df["status"] == "ok")
+             & df["metric"].map(lambda m: metric_kind("throughput", m) == "latency")]
+    out: list[_Row] = []
+    for (plugin, case_id, metric), grp in lat.groupby(["plugin", "case_id", "metric"], sort=False):
+        correct = [(plugin, case_id, v) not in wrong for v in grp["variant"]]
+        peers = grp[(grp["role"] == "peer") & pd.Series(correct, index=grp.index)]
+        cands = grp[grp["role"] == "candidate"]
+        if not len(peers) or not len(cands):
+            continue
+        medians = peers.groupby("variant")["value"].median()
+        best = str(medians.idxmin())
+        best_recs = peers[peers["variant"] == best]
+        for variant in dict.fromkeys(cands["variant"]):
+            row = _Row(plugin, case_id, "throughput", metric, best, str(variant), "candidate", vs=VS_BEST_PEER)
+            try:
+                opts["rng"] = make_rng(opts["seed"], plugin, case_id, metric, variant, VS_BEST_PEER)
+                _latency(row, best_recs, cands[cands["variant"] == variant], opts)
+            except Exception as exc:  # a malformed record must not take the whole table down
+                row.verdict, row.family = "error", None
+                row.notes.append(f"statistics failed: {type(exc).__name__}: {exc}")
+            row.notes.insert(0, f"vs the fastest correct peer in this case ({best}, of {len(medians)})")
+            out.append(row)
+    return out
 
 
 def _to_frame(rows: list[_Row]) -> pd.DataFrame:

@@ -122,8 +122,8 @@ def test_seed_bootstrap_and_degenerate_inputs():
     res = compare_seed_accuracy([1.0, 1.1, 0.9, 1.05], [1.5, 1.6, 1.4, 1.55], method="bootstrap")
     assert res.method == "seed-bootstrap" and res.verdict == "worse"
     exact = compare_seed_accuracy([2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
-    assert exact.verdict == "inconclusive" and exact.p == 1.0 and exact.ci_low == exact.ci_high == 0.0
-    assert compare_seed_accuracy([2.0, 2.0], [2.0, 2.0], margin=0.1).verdict == "equivalent"
+    assert exact.verdict == "identical" and exact.p == 1.0 and exact.ci_low == exact.ci_high == 0.0
+    assert compare_seed_accuracy([2.0, 2.0], [2.0, 2.0], margin=0.1).verdict == "identical"
     one = compare_seed_accuracy([2.0], [2.1, 2.2])
     assert one.verdict == "inconclusive" and math.isnan(one.p)
     diverged = compare_seed_accuracy([2.0, 2.1, 2.05], [2.0, math.nan, 2.1])
@@ -142,7 +142,7 @@ def test_paired_seed_t_matches_the_textbook_formula_and_handles_exact_difference
     assert (res.ci_low, res.ci_high) == pytest.approx((d.mean() - half, d.mean() + half))
     assert res.verdict == "better"
     exact = compare_seed_accuracy([2.0, 2.5, 3.0], [2.0, 2.5, 3.0], method="paired", margin=1e-3)
-    assert exact.verdict == "equivalent" and exact.ci_low == exact.ci_high == 0.0
+    assert exact.verdict == "identical" and exact.ci_low == exact.ci_high == 0.0
     with pytest.raises(ValueError, match="equal lengths"):
         compare_seed_accuracy([1.0, 2.0], [1.0], method="paired")
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from microscope.stats import compare_distributions, count_loss_spikes, count_nonfinite, grad_norm_cv
-from microscope.stats.distributions import seeds_to_decide, smallest_mannwhitney_p
 
 BASE_SPIKES = [0, 1, 0, 2, 1, 0, 1, 0]
 CAND_SPIKES = [3, 4, 2, 5, 3, 4, 6, 3]
@@ -47,7 +46,7 @@ def test_known_shift_in_medians_is_covered():
 
 def test_equivalence_cases_and_small_samples():
     zeros = compare_distributions([0, 0, 0, 0], [0, 0, 0, 0])
-    assert zeros.verdict == "equivalent"  # no NaN steps anywhere
+    assert zeros.verdict == "identical"  # no NaN steps anywhere
     close = compare_distributions([1.00, 1.02, 0.98, 1.01], [1.01, 0.99, 1.00, 1.02], margin=0.1, n_boot=1000)
     assert close.verdict == "equivalent"
     assert compare_distributions([1.00, 1.02, 0.98, 1.01], [1.01, 0.99, 1.00, 1.02], n_boot=1000).verdict == (
@@ -73,14 +72,24 @@ def test_per_seed_summaries():
     assert count_loss_spikes([10.0, 1.0, 1.0]) == 0  # too little history to judge
 
 
-def test_three_seeds_say_how_many_seeds_would_decide():
-    """3 vs 3 completely separated seeds: Mann-Whitney's p is 0.1 at best, so however large the
-    shift the verdict stays inconclusive, and the note says why and what would decide."""
-    assert smallest_mannwhitney_p(3, 3) == pytest.approx(0.1)
-    assert smallest_mannwhitney_p(4, 4) == pytest.approx(2 / 70)
-    assert seeds_to_decide(0.05) == 4 and seeds_to_decide(0.01) == 5
-    three = compare_distributions([1.0, 1.1, 1.2], [5.0, 5.1, 5.2], n_boot=500)
-    assert three.verdict == "inconclusive" and three.p == pytest.approx(0.1)
-    assert any("run >= 4 seeds per variant" in n for n in three.notes), three.notes
-    four = compare_distributions([1.0, 1.1, 1.2, 1.3], [5.0, 5.1, 5.2, 5.3], n_boot=500)
-    assert four.verdict == "worse" and not any("cannot decide" in n for n in four.notes)
+def test_three_seeds_can_decide_and_the_ci_agrees_with_the_verdict():
+    """3 vs 3 clearly separated seeds: a rank test could not go below p = 0.1; the paired t (the
+    seeds are matched) and Welch decide, and their CI excludes zero exactly when p < alpha."""
+    paired = compare_distributions([1.0, 1.1, 1.2], [5.0, 5.12, 5.19], paired=True)
+    assert paired.verdict == "worse" and paired.p < 0.05 and paired.ci_low > 0
+    welch = compare_distributions([1.0, 1.1, 1.2], [5.0, 5.1, 5.2])
+    assert welch.verdict == "worse" and welch.ci_low > 0
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        b, c = rng.normal(0, 1, 3), rng.normal(rng.normal(0, 2), 1, 3)
+        for res in (compare_distributions(b, c, paired=True), compare_distributions(b, c)):
+            excludes_zero = res.ci_low > 0 or res.ci_high < 0
+            assert excludes_zero == (res.p < 0.05), (res.ci_low, res.ci_high, res.p)
+
+
+def test_bit_identical_seeds_are_identical_not_inconclusive():
+    same = compare_distributions([2.5, 2.7, 2.6], [2.5, 2.7, 2.6], paired=True)
+    assert same.verdict == "identical" and same.ci_low == same.ci_high == 0.0
+    assert compare_distributions([0, 0, 0], [0, 0, 0]).verdict == "identical"
+    shifted = compare_distributions([0.5, 0.75, 0.625], [0.625, 0.875, 0.75], paired=True)  # exactly +0.125
+    assert shifted.verdict == "worse" and shifted.p == 0.0

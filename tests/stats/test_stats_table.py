@@ -137,8 +137,10 @@ def test_latency_rows(table):
     assert fast.ratio_or_delta == pytest.approx(0.7, rel=0.03)
     assert fast.baseline_value == pytest.approx(1.0, rel=0.05) and fast.n == 24
     assert fast.p_adj >= fast.p
+    # sdpa fails accuracy in this case, so its speed is not a result
     peer = row(table, "latency_ms", "sdpa")
-    assert peer.verdict == "equivalent" and peer.role == "peer"
+    assert peer.verdict == "not judged" and peer.role == "peer" and "fails accuracy" in peer.notes
+    assert math.isnan(peer.p_adj)
 
 
 def test_failed_and_skipped_records_become_rows_with_their_reason(table):
@@ -152,7 +154,7 @@ def test_failed_and_skipped_records_become_rows_with_their_reason(table):
 def test_memory_numerics_and_rate_rows(table):
     mem = row(table, "peak_bytes", "triton")
     assert mem.verdict == "less" and mem.ratio_or_delta == 0.5 and math.isnan(mem.p)
-    assert row(table, "peak_bytes", "sdpa").verdict == "same"
+    assert row(table, "peak_bytes", "sdpa").verdict == "not judged"
     ok = row(table, "rel_err", "triton")
     assert ok.verdict == "pass" and ok.ratio_or_delta == pytest.approx(2.0)
     bad = row(table, "rel_err", "sdpa")
@@ -171,9 +173,9 @@ def test_model_accuracy_and_stability_rows(table):
 
 
 def test_adjusted_p_values_by_family(table):
-    tested = table[table.p.notna()]
+    tested = table[table.p.notna() & (table.verdict != "not judged")]
     assert (tested.p_adj >= tested.p - 1e-15).all()
-    assert table[table.p.isna()].p_adj.isna().all()
+    assert table[table.p.isna() | (table.verdict == "not judged")].p_adj.isna().all()
     # gating (Holm): triton latency + triton eval_loss; exploratory (BH): sdpa latency + loss_spikes
     gating = table[
         (table.role == "candidate") & table.metric.isin(["latency_ms", "eval_loss"]) & table.p.notna()
@@ -326,3 +328,26 @@ def test_a_candidate_cut_short_is_compared_on_the_seeds_both_arms_completed():
     row = compare_records(recs).iloc[0]
     assert row.ratio_or_delta == 0 and row.baseline_value == pytest.approx(3.0)
     assert "compared on the 1 seed(s) both completed (baseline 3, cut 1)" in row.notes
+
+
+def test_best_peer_row_uses_the_fastest_correct_peer():
+    """A wrong peer is never the yardstick; the fastest correct one is, on the same rounds."""
+    rng = np.random.default_rng(3)
+    lat = {"dimension": "throughput", "metric": "latency_ms"}
+    acc = {"dimension": "accuracy", "metric": "rel_err"}
+    recs = []
+    for variant, role, ratio, ok in (("ref", "baseline", 1.0, True), ("triton", "candidate", 0.8, True),
+                                     ("cudnn", "peer", 0.6, True), ("cheat", "peer", 0.1, False),
+                                     ("math", "peer", 1.2, True)):
+        recs.append(record(variant=variant, role=role, value=ratio,
+                           details={"rounds": latency_rounds(rng, ratio), "reps": 10}, **lat))
+        recs.append(record(variant=variant, role=role, value=1e-7 if ok else 0.5, passed=ok, **acc))
+    table = compare_records(pd.json_normalize(recs, max_level=1), n_boot=N_BOOT)
+    best = table[(table.vs == "best_peer") & (table.metric == "latency_ms")]
+    assert len(best) == 1
+    best = best.iloc[0]
+    assert best.candidate == "triton" and best.baseline == "cudnn"
+    assert best.verdict == "slower" and best.ratio_or_delta == pytest.approx(0.8 / 0.6, rel=0.05)
+    assert "fastest correct peer" in best.notes and not best.gated
+    cheat = row(table, "latency_ms", "cheat")
+    assert cheat.verdict == "not judged"
