@@ -1,12 +1,15 @@
 """The environment a measurement was taken in, recorded with every record.
 
 Numbers from different commits, library versions or devices must never be compared silently, so each
-record carries enough to tell them apart.
+record carries enough to tell them apart, and ``machine_fingerprint`` names the machine a run's timings
+belong to (the history compares a night only with nights of the same fingerprint). torch is imported
+only by ``capture``, so reading a fingerprint stays cheap.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -15,9 +18,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from microscope.device import device_name
+#: What makes timings comparable between two runs: the machine, not the software on it. Library
+#: versions and the commit are left out on purpose: they are what a history compares across.
+FINGERPRINT_KEYS = ("platform", "device_name", "capability", "gpu_driver", "gpu_memory_bytes", "cpu_model",
+                    "host_cpus")
+#: CI variables that name the branch of a detached checkout (GitHub Actions, GitLab CI).
+BRANCH_VARIABLES = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME")
 
 
 @cache
@@ -50,10 +56,84 @@ def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@cache
+def git_branch() -> str:
+    """The checked-out branch; on a detached checkout (CI) the branch a CI variable names, else ``unknown``."""
+    here = Path(__file__).resolve().parent
+    try:
+        name = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        name = ""
+    if name and name != "HEAD":
+        return name
+    return next((os.environ[v] for v in BRANCH_VARIABLES if os.environ.get(v)), "unknown")
+
+
+@cache
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+@cache
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version: NVML where ``pynvml`` is installed, else ``/proc/driver/nvidia/version``."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVML, no driver, no permission
+        pass
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    words = text.split()
+    if "Module" in words and words.index("Module") + 1 < len(words):
+        return words[words.index("Module") + 1]
+    return None
+
+
+def machine_fingerprint(env: dict[str, Any]) -> str:
+    """A short stable hash of the ``FINGERPRINT_KEYS`` of a record's ``env``: two runs with the same
+    fingerprint ran on interchangeable machines, so their timings may be compared across nights."""
+    parts = {key: env.get(key) for key in FINGERPRINT_KEYS if env.get(key) not in (None, "")}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def machine_summary(env: dict[str, Any]) -> str:
+    """The machine in words, e.g. ``NVIDIA H200 (sm 9.0, driver 570.86, 140 GiB), linux-x86_64``."""
+    extra = [f"sm {env['capability']}" if env.get("capability") else "",
+             f"driver {env['gpu_driver']}" if env.get("gpu_driver") else "",
+             f"{int(env['gpu_memory_bytes']) / 2**30:.0f} GiB" if env.get("gpu_memory_bytes") else ""]
+    if not env.get("capability") and env.get("host_cpus"):
+        extra.append(f"{env['host_cpus']} CPUs")
+    name = env.get("device_name") or "unknown device"
+    if not env.get("capability") and env.get("cpu_model"):
+        name = env["cpu_model"]
+    inner = ", ".join(e for e in extra if e)
+    return f"{name}{f' ({inner})' if inner else ''}, {env.get('platform', 'unknown platform')}"
+
+
 def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
-    """A small dict for every record: commit, versions, device, config hash."""
+    """A small dict for every record: commit, branch, versions, device, machine, config hash."""
+    import torch
+
+    from microscope.device import device_name
+
     env: dict[str, Any] = {
         "commit": git_commit(),
+        "branch": git_branch(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": _triton_version(),
@@ -65,5 +145,8 @@ def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
     if device == "cuda":
         env["cuda"] = torch.version.cuda
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        env["gpu_memory_bytes"] = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        env["gpu_driver"] = gpu_driver()
+    env["cpu_model"] = cpu_model()  # launch-bound kernels time the host too
     env["platform"] = f"{sys.platform}-{platform.machine()}"
     return env

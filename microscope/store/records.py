@@ -107,26 +107,53 @@ class RecordWriter:
         self.close()
 
 
+class RecordsError(ValueError):
+    """A records file that cannot be read: missing, unreadable, or damaged at ``file:line``."""
+
+
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
     """Yield the records of a ``records.jsonl`` (or of a results folder holding one).
 
     A run killed mid-write leaves a cut last line: it is skipped with a warning, so every record that
-    was complete survives. A bad line anywhere else means the file was damaged and is an error.
+    was complete survives. A bad line anywhere else (not UTF-8, not JSON, not a JSON object) means the
+    file was damaged and is a ``RecordsError`` naming ``file:line``.
     """
     path = Path(path)
-    if path.is_dir():
-        path = path / "records.jsonl"
-    lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+    try:
+        if path.is_dir():
+            path = path / "records.jsonl"
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordsError(f"{path}: cannot read the records ({exc.strerror or exc}); pass a run folder such as "
+                           "results/<run-id>/") from exc
+    lines = [(n, line.strip()) for n, line in enumerate(data.split(b"\n"), 1)]
     lines = [(n, line) for n, line in lines if line]
     for i, (line_no, line) in enumerate(lines):
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                warnings.warn(f"{path}:{line_no}: last record cut short ({exc.msg}); was the run killed "
-                              "mid-write? Skipped it.", stacklevel=2)
-                return
-            raise ValueError(f"{path}:{line_no}: not a JSON record ({exc.msg}); the file is damaged") from exc
+        record, problem = _parse_line(line)
+        if problem is None:
+            yield record
+            continue
+        if i == len(lines) - 1:
+            warnings.warn(f"{path}:{line_no}: last record cut short ({problem}); was the run killed "
+                          "mid-write? Skipped it.", stacklevel=2)
+            return
+        raise RecordsError(f"{path}:{line_no}: not a JSON record ({problem}); the file is damaged: delete or "
+                           "repair that line, or rerun")
+
+
+def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None]:
+    """One line of ``records.jsonl`` -> (record, None), or ({}, why it is not a record)."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return {}, f"byte 0x{line[exc.start]:02x} at column {exc.start + 1} is not UTF-8"
+    except json.JSONDecodeError as exc:
+        return {}, exc.msg
+    except RecursionError:
+        return {}, "nested too deeply"
+    if not isinstance(record, dict):
+        return {}, f"a JSON {type(record).__name__}, not an object"
+    return record, None
 
 
 def records_frame(path: Path):  # -> pandas.DataFrame
