@@ -4,8 +4,12 @@ Runs after a case's measurements, never inside a timed region, and only for the 
 config switches on (``instrument:``). The results land in the run folder, where the reports read
 them: ``trace_diff.json`` and ``graph_diff.json`` (keyed ``"<variant> @ <case>"``), ``kernels.json``
 (top kernels/ops per variant), Chrome traces under ``traces/<case>/<variant>/``, and TensorBoard
-text summaries. Per-module hooks and divergence belong to models (see ``model_runner``): for an
-operator, the accuracy dimension already compares the one output that exists.
+text summaries. With ``tensorboard`` or ``graph_diff`` each variant's call is captured as a dataflow
+graph (``dataflow_diff.json`` per case, for the report); the first case observed also gives each
+variant's sub-run its graph and each candidate a ``diff-<variant>`` sub-run (TensorBoard shows one
+graph per run, and the graph of one case's inputs is what a reviewer compares). Per-module hooks
+and divergence belong to models (see ``model_runner``): for an operator, the accuracy dimension
+already compares the one output that exists.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from typing import Any
 
 from microscope.api import Case
 from microscope.instrument import InstrumentConfig, RunLogger, diff_graphs, diff_profiles, profile_variant, trace_ops
+from microscope.instrument.dataflow import closure_inputs
 from microscope.instrument.export import write_instruments
+from microscope.instrument.variant_graphs import VariantGraphs, capture_variant, publish_graphs
 
 
 def case_slug(case: Case) -> str:
@@ -72,6 +78,13 @@ def observe_case(
             if logger is not None:
                 for key, gdiff in gdiffs.items():
                     logger.graph_diff(key.split(" @ ")[0], gdiff)
+    if cfg.dataflow:
+        flows = VariantGraphs()
+        for name, thunk in thunks.items():
+            capture_variant(flows, name, thunk, inputs=closure_inputs(thunk), logger=logger)
+        problems += [f"{case.id}: {note}" for note in
+                     publish_graphs(flows, baseline, logger=logger, run_dir=run_dir, label=label,
+                                    about=f"one call on the inputs of case {case.id}")]
     return problems
 
 

@@ -5,7 +5,11 @@ forward+backward step on the same first training batch, with hooks on every modu
 training the only difference between the arms is the change itself, so the first module whose
 activations (or gradients) diverge is where the change acts: "divergence starts at
 blocks.0.attn.attn_fn". The same step is op-traced (``graph_diff``) and profiled (``profile``).
-Results go to ``divergence.json``, ``graph_diff.json``, ``trace_diff.json`` and TensorBoard.
+Its forward pass is captured as a dataflow graph (``tensorboard`` or ``graph_diff``): each arm's graph
+in its TensorBoard sub-run, the union with the baseline's as ``diff-<arm>``, and ``dataflow_diff.json``
+for the report. With TensorBoard on, activation and gradient histograms per module are written too
+(``InstrumentConfig.model_histogram_bins``). Results go to ``divergence.json``, ``graph_diff.json``,
+``trace_diff.json``, ``dataflow_diff.json`` and TensorBoard.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from microscope.instrument import (
     wrap_callables,
 )
 from microscope.instrument.export import write_instruments
+from microscope.instrument.variant_graphs import VariantGraphs, capture_variant, publish_graphs
 from microscope.model_setup import TrialSeeds, WorkloadData, autocast, trial_setup
 from microscope.workloads import TrainResult, WindowSampler, build_model, lm_loss
 
@@ -43,15 +48,23 @@ def _first_batch(data: WorkloadData, context: int, seeds: TrialSeeds) -> tuple[t
     return WindowSampler(data.corpus.train, context, OBSERVE_ROWS, seeds.data)(0)
 
 
-def _step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: str,
-          precision: str) -> Callable[[], None]:
+def _forward(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: str,
+             precision: str) -> Callable[[], torch.Tensor]:
+    """The training step's forward pass and loss (what the dataflow graph shows)."""
     x, y = (t.to(device) for t in batch)
 
-    def run() -> None:
-        model.zero_grad(set_to_none=True)
+    def run() -> torch.Tensor:
         with autocast(device, precision):
             logits = model(x)
-        lm_loss(logits, y).backward()
+        return lm_loss(logits, y)
+
+    return run
+
+
+def _step(forward: Callable[[], torch.Tensor], model: torch.nn.Module) -> Callable[[], None]:
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        forward().backward()
 
     return run
 
@@ -72,6 +85,8 @@ def observe_models(
     captures: dict[str, Any] = {}
     graphs: dict[str, Any] = {}
     profiles: dict[str, Any] = {}
+    flows = VariantGraphs()
+    bins = cfg.model_histogram_bins if logger is not None else 0
     for name, arm in arms:
         try:
             setup = trial_setup(workload, arm, seeds)
@@ -79,15 +94,21 @@ def observe_models(
             model.set_checkpointing(setup.recipe.checkpoint_every)
             if arm.patch is not None:
                 arm.patch(model)
-            step = _step(model, _first_batch(data, setup.context, seeds), device, setup.recipe.precision)
-            if cfg.hooks:
+            batch = _first_batch(data, setup.context, seeds)
+            forward = _forward(model, batch, device, setup.recipe.precision)
+            step = _step(forward, model)
+            if cfg.hooks or bins:
                 with wrap_callables(model), ActivationRecorder(
-                    model, backward=cfg.backward_hooks, keep=cfg.keep, histograms=cfg.histograms
+                    model, backward=cfg.backward_hooks, keep=cfg.keep if cfg.hooks else "stats", histograms=bins
                 ) as recorder:
                     step()
-                captures[name] = recorder.capture
+                if cfg.hooks:
+                    captures[name] = recorder.capture
                 if logger is not None:
                     logger.capture(name, recorder.capture)
+            if cfg.dataflow:
+                capture_variant(flows, name, forward, model=model, example_inputs=batch[0].to(device),
+                                logger=logger)
             if cfg.graph_diff:
                 graphs[name] = trace_ops(step, model=model)
             if cfg.profile.enabled:
@@ -116,6 +137,9 @@ def observe_models(
     if base in profiles:
         write_instruments(run_dir, trace_diff={n: diff_profiles(profiles[base], profiles[n])
                                                for n in others if n in profiles})
+    if cfg.dataflow:
+        problems += publish_graphs(flows, base, logger=logger, run_dir=run_dir,
+                                   about=f"forward pass and loss of the first training step ({OBSERVE_ROWS} rows)")
     return problems
 
 

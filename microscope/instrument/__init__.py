@@ -11,7 +11,12 @@ instruments show *where* and *why*, on identical inputs, weights and seeds:
   time").
 * ``trace_ops`` / ``compare_models`` + ``diff_graphs``: the ops each variant executed and a
   node-by-node diff (ops removed, added, replaced).
-* ``RunLogger``: TensorBoard logs with one sub-run per variant.
+* ``capture_dataflow`` + ``diff_dataflow``: the dataflow graph a variant ran (ops folded by module,
+  custom Functions and Triton kernels as one node) and the union of two such graphs with every node
+  removed, added, changed or same; ``to_graph_def`` makes either a TensorBoard graph.
+* ``RunLogger``: TensorBoard logs with one sub-run per variant (graphs, histograms, scalars) and one
+  ``diff-<variant>`` sub-run per diff graph; ``tb_launch`` serves them (``microscope tensorboard``),
+  ``tb_compare`` lays two runs' logs side by side.
 * ``InstrumentConfig``: the switches; every default is off or cheapest.
 
 Nothing here runs unless asked: with the switches off no hook is registered and no method patched.
@@ -20,9 +25,12 @@ Nothing here runs unless asked: with the switches off no hook is registered and 
 from microscope.instrument.callables import SWAP_POINTS, OpModule, wrap_callables
 from microscope.instrument.capture import Capture, Observation
 from microscope.instrument.config import InstrumentConfig, ProfileConfig
+from microscope.instrument.dataflow import DataflowGraph, DataflowNode, capture_dataflow
+from microscope.instrument.dataflow_diff import DataflowDiff, DiffNode, diff_dataflow
 from microscope.instrument.divergence import DivergenceReport, DivergenceRow, divergence
 from microscope.instrument.export import INSTRUMENT_FILES, write_instruments
 from microscope.instrument.gradnorms import layer_grad_norms
+from microscope.instrument.graphdef import from_graph_def, to_graph_def
 from microscope.instrument.graphdiff import GraphDiff, Replacement, compare_models, diff_graphs
 from microscope.instrument.hooks import ActivationRecorder
 from microscope.instrument.opaque import label_calls
@@ -61,6 +69,10 @@ __all__ = [
     "SWAP_POINTS",
     "ActivationRecorder",
     "Capture",
+    "DataflowDiff",
+    "DataflowGraph",
+    "DataflowNode",
+    "DiffNode",
     "DivergenceReport",
     "DivergenceRow",
     "FxTraceError",
@@ -78,12 +90,15 @@ __all__ = [
     "TraceDiff",
     "TraceDiffRow",
     "VariantProfile",
+    "capture_dataflow",
     "capture_graph",
     "compare_models",
     "count_hooks",
+    "diff_dataflow",
     "diff_graphs",
     "diff_profiles",
     "divergence",
+    "from_graph_def",
     "fx_graph",
     "label_calls",
     "layer_grad_norms",
@@ -93,6 +108,7 @@ __all__ = [
     "relative_error",
     "sketch",
     "summarize",
+    "to_graph_def",
     "trace_ops",
     "wrap_callables",
     "write_instruments",

@@ -4,7 +4,8 @@
 object keyed by variant (or by any label the runner chooses, e.g. ``"triton @ seq=512,bf16"`` or
 ``"triton (gradients)"``). Each value is the ``to_dict()`` of a ``DivergenceReport``, ``TraceDiff`` or
 ``GraphDiff``: ``rows`` and ``first_divergent`` for divergence; ``headline`` and the ``added`` /
-``removed`` / ``changed`` item lists for the diffs. Writing merges into an existing file, so the
+``removed`` / ``changed`` item lists for the diffs. ``dataflow_diff.json`` holds ``DataflowDiff``
+union graphs (every node with its status), which the HTML report draws. Writing merges into an existing file, so the
 runner can add entries as each case finishes; the file is replaced atomically, so a reader never
 sees half of it.
 """
@@ -21,7 +22,8 @@ from typing import Any, Protocol
 __all__ = ["INSTRUMENT_FILES", "write_instruments"]
 
 #: Instrument kind -> file name inside the run folder.
-INSTRUMENT_FILES = {"divergence": "divergence.json", "trace_diff": "trace_diff.json", "graph_diff": "graph_diff.json"}
+INSTRUMENT_FILES = {"divergence": "divergence.json", "trace_diff": "trace_diff.json", "graph_diff": "graph_diff.json",
+                    "dataflow_diff": "dataflow_diff.json"}
 
 
 class _HasDict(Protocol):
@@ -49,12 +51,14 @@ def write_instruments(
     divergence: Mapping[str, _HasDict] | None = None,
     trace_diff: Mapping[str, _HasDict] | None = None,
     graph_diff: Mapping[str, _HasDict] | None = None,
+    dataflow_diff: Mapping[str, _HasDict] | None = None,
 ) -> list[Path]:
     """Merge ``{label: result}`` into the run folder's instrument files; returns the files written."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for kind, entries in (("divergence", divergence), ("trace_diff", trace_diff), ("graph_diff", graph_diff)):
+    for kind, entries in (("divergence", divergence), ("trace_diff", trace_diff), ("graph_diff", graph_diff),
+                          ("dataflow_diff", dataflow_diff)):
         if entries:
             path = run_dir / INSTRUMENT_FILES[kind]
             _merge_write(path, entries)

@@ -11,8 +11,11 @@ the Triton CPU interpreter the profiler sees a kernel as a scatter of ``aten::co
 * ``triton.runtime.jit.JITFunction.run`` and the interpreter's ``InterpretedFunction.run``
   -> ``triton::<kernel name>`` (only when Triton is already imported; it is never imported here),
 
-calling ``enter(name)`` before and ``exit(token)`` after each call. The patches are process-wide and
-exist only inside the ``with`` block; leaving it restores the original methods.
+calling ``enter(name)`` before and ``exit(token)`` after each call. With ``detail=True`` the callbacks
+also see the call's data, ``enter(name, args)`` and ``exit(token, result)`` (``result`` is None when
+the call raised), which a dataflow capture needs to wire a Function's inputs to its outputs. The
+patches are process-wide and exist only inside the ``with`` block; leaving it restores the original
+methods.
 """
 
 from __future__ import annotations
@@ -45,27 +48,44 @@ def _kernel_name(launcher: Any) -> str:
     return f"triton::{getattr(fn, '__name__', None) or getattr(launcher, '__name__', 'kernel')}"
 
 
-def _labelled_run(original: Any, enter: Callable[[str], Any], exit: Callable[[Any], None]) -> Any:
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        token = enter(_kernel_name(self))
+class _Callbacks:
+    """``enter``/``exit`` called with or without the call's data, as ``label_calls`` was asked."""
+
+    def __init__(self, enter: Callable[..., Any], exit: Callable[..., None], detail: bool) -> None:
+        self.enter, self.exit, self.detail = enter, exit, detail
+
+    def call(self, name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        token = self.enter(name, args) if self.detail else self.enter(name)
+        result = None
         try:
-            return original(self, *args, **kwargs)
+            result = original(*args, **kwargs)
+            return result
         finally:
-            exit(token)
+            if self.detail:
+                self.exit(token, result)
+            else:
+                self.exit(token)
+
+
+def _labelled_run(original: Any, callbacks: _Callbacks) -> Any:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return callbacks.call(_kernel_name(self), lambda *a, **k: original(self, *a, **k), args, kwargs)
 
     return run
 
 
 @contextlib.contextmanager
 def label_calls(
-    enter: Callable[[str], Any],
-    exit: Callable[[Any], None],
+    enter: Callable[..., Any],
+    exit: Callable[..., None],
     *,
     functions: bool = True,
     triton: bool = True,
+    detail: bool = False,
 ) -> Iterator[None]:
     """Inside the block, custom Functions (forward and backward) and Triton launches report themselves."""
     restore: list[tuple[type, str, Any]] = []
+    callbacks = _Callbacks(enter, exit, detail)
 
     def patch(owner: type, attr: str, wrapper: Any) -> None:
         restore.append((owner, attr, owner.__dict__.get(attr, _ABSENT)))
@@ -77,27 +97,20 @@ def label_calls(
             original_apply = fn_cls.__dict__["apply"]
 
             def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-                token = enter(cls.__name__)
-                try:
-                    return original_apply.__get__(None, cls)(*args, **kwargs)
-                finally:
-                    exit(token)
+                return callbacks.call(cls.__name__, original_apply.__get__(None, cls), args, kwargs)
 
             patch(fn_cls, "apply", classmethod(apply))
             bw_cls = autograd_function.BackwardCFunction
             original_bw = bw_cls.__dict__["apply"]
 
             def backward_apply(self: Any, *args: Any) -> Any:
-                token = enter(f"{self._forward_cls.__name__}Backward")
-                try:
-                    return original_bw(self, *args)
-                finally:
-                    exit(token)
+                return callbacks.call(f"{self._forward_cls.__name__}Backward",
+                                      lambda *a: original_bw(self, *a), args, {})
 
             patch(bw_cls, "apply", backward_apply)
         if triton:
             for target in _triton_targets():
-                patch(target, "run", _labelled_run(target.run, enter, exit))
+                patch(target, "run", _labelled_run(target.run, callbacks))
         yield
     finally:
         for owner, attr, value in reversed(restore):

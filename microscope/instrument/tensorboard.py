@@ -13,10 +13,15 @@ shows every variant as its own run with the same tags, side by side:
 ``divergence/<kind>``             relative error vs the baseline per module (step = execution
                                   index, so the curve shows where along the depth it starts),
                                   with a text table of the same name
-graph                             the model graph (``add_graph``), or the text ``graph/note``
-                                  saying why tracing failed
+graph                             the variant's dataflow graph (``dataflow``: ops folded by module,
+                                  Functions and kernels as one node each), ``add_graph``'s jit trace
+                                  as a fallback, or the text ``graph/note`` saying why neither worked
 ``graph_diff``, ``trace_diff``    text: the op-level graph diff and the profile diff vs the baseline
 ================================  ============================================================
+
+A diff of two variants' dataflow graphs is a sub-run of its own, ``diff-<candidate>``: its graph is
+the union of both, nodes under ``removed/``, ``added/``, ``changed/`` and ``same/`` (see
+``dataflow_diff``), with the text ``graph/diff`` summarising it.
 """
 
 from __future__ import annotations
@@ -33,15 +38,20 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from microscope.instrument.capture import Capture, Observation
+from microscope.instrument.dataflow import DataflowGraph
+from microscope.instrument.dataflow_diff import DataflowDiff
 from microscope.instrument.divergence import DivergenceReport
 from microscope.instrument.gradnorms import layer_grad_norms
+from microscope.instrument.graphdef import to_graph_def, write_graph_def
 from microscope.instrument.graphdiff import GraphDiff
 from microscope.instrument.tensorstats import STAT_NAMES
 from microscope.instrument.tracediff import TraceDiff
 
-__all__ = ["RunLogger"]
+__all__ = ["DIFF_PREFIX", "RunLogger", "diff_subrun"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+#: Sub-run of the diff graph of a candidate against the baseline: ``diff-<candidate>``.
+DIFF_PREFIX = "diff-"
 
 
 def _subdir(variant: str) -> str:
@@ -50,6 +60,11 @@ def _subdir(variant: str) -> str:
     if not name:
         raise ValueError(f"variant name {variant!r} has no usable characters for a folder name")
     return name
+
+
+def diff_subrun(candidate: str) -> str:
+    """The sub-run (folder) holding the diff graph of ``candidate`` against the baseline."""
+    return DIFF_PREFIX + _subdir(candidate)
 
 
 class RunLogger:
@@ -61,6 +76,7 @@ class RunLogger:
     def __init__(self, logdir: str | Path) -> None:
         self.logdir = Path(logdir)
         self._writers: dict[str, SummaryWriter] = {}
+        self._graphs: set[str] = set()
 
     # -- plumbing -------------------------------------------------------------------------------
     def writer(self, variant: str) -> SummaryWriter:
@@ -132,6 +148,35 @@ class RunLogger:
         writer.add_text(tag, "\n".join(lines))
 
     # -- graphs ---------------------------------------------------------------------------------
+    def has_graph(self, subrun: str) -> bool:
+        """Whether this logger already wrote a graph for ``subrun`` (TensorBoard shows one per run)."""
+        return _subdir(subrun) in self._graphs
+
+    def dataflow(self, variant: str, graph: DataflowGraph, *, about: str = "") -> None:
+        """The variant's dataflow graph in its sub-run's Graphs tab; ``about`` (e.g. the case) as text."""
+        write_graph_def(self.writer(variant), to_graph_def(graph.nodes))
+        self._graphs.add(_subdir(variant))
+        if about or graph.note:
+            self.writer(variant).add_text("graph/about", " ".join(t for t in (about, graph.note) if t))
+
+    def dataflow_diff(self, diff: DataflowDiff, *, about: str = "") -> str:
+        """The union graph of ``diff`` as the sub-run ``diff-<candidate>``; returns the sub-run's name."""
+        subrun = diff_subrun(diff.candidate)
+        writer = self.writer(subrun)
+        write_graph_def(writer, to_graph_def(diff.nodes))
+        self._graphs.add(subrun)
+        lines = [f"**{diff.baseline} -> {diff.candidate}**{f' ({about})' if about else ''}: {diff.headline}", "",
+                 "Graphs tab: open `removed/`, `added/`, `changed/` and `same/`; each folds by module. "
+                 "Colour by device to tell them apart."]
+        if diff.note:
+            lines += ["", f"_{diff.note}_"]
+        writer.add_text("graph/diff", "\n".join(lines))
+        return subrun
+
+    def graph_note(self, variant: str, note: str) -> None:
+        """The text ``graph/note`` of a sub-run whose graph could not be captured (why, and which variant)."""
+        self.writer(variant).add_text("graph/note", note)
+
     def graph(self, variant: str, model: nn.Module, example_inputs: Any) -> str | None:
         """``add_graph`` of the model; if tracing fails, a ``graph/note`` text saying so (returned)."""
         writer = self.writer(variant)
@@ -139,6 +184,7 @@ class RunLogger:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TracerWarnings about Python values baked into the trace
                 writer.add_graph(model, example_inputs, use_strict_trace=False)
+            self._graphs.add(_subdir(variant))
             return None
         except Exception as exc:  # jit tracing raises many kinds; the note records which
             first = (str(exc).strip().splitlines() or [""])[0][:300]

@@ -13,14 +13,20 @@ microscope and their shapes may grow, so this module reads them generously:
 
 Unknown item shapes are rendered as ``key=value`` text rather than failing, so a new field in an
 instrument never breaks a report.
+
+* ``dataflow_diff.json``: per variant the union graph of the baseline's and the variant's dataflow
+  (``DataflowDiff.to_dict``: ``headline``, ``counts`` and ``nodes`` with a ``status`` each), read from
+  the run folder and drawn by ``graph_svg``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from . import fmt
+from .graph_svg import DiffFigure, diff_figures
 from .load import RunData
 from .tables import Table
 
@@ -28,6 +34,7 @@ MAX_ITEMS = 500
 DIFF_KINDS = ("removed", "added", "changed")
 DIFF_TITLES = (("trace_diff", "kernel trace diff"), ("graph_diff", "graph diff"))
 _DIFF_KEYS = ("headline", "rows", "added", "removed", "changed", "replacements")
+DATAFLOW_FILE = "dataflow_diff.json"
 
 
 def item_text(item: Any) -> str:
@@ -99,6 +106,23 @@ def _counts(items: list[tuple[str, str]]) -> str:
     return ", ".join(f"{n} {k}" for k, n in kinds.items())
 
 
+def dataflow_diffs(run: RunData) -> dict[str, Any]:
+    """``dataflow_diff.json`` of the run folder (empty when absent or unreadable)."""
+    path = run.path / DATAFLOW_FILE if run.path is not None and run.path.is_dir() else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def diff_graph_figures(run: RunData) -> tuple[list[DiffFigure], int]:
+    """The drawn dataflow diffs (``graph_svg.diff_figures``) and how many regions were not drawn."""
+    return diff_figures(dataflow_diffs(run))
+
+
 def instrument_findings(run: RunData) -> list[str]:
     """One sentence per instrumented variant: where it first diverges, what its traces/graphs changed."""
     out = []
@@ -122,6 +146,9 @@ def instrument_findings(run: RunData) -> list[str]:
             head = entry.get("headline")
             text = fmt.clip(head, 300) + (f" ({counts})" if counts else "") if head else (counts or "no changes")
             out.append(f"{label}, {variant}: {text}")
+    for variant, entry in dataflow_diffs(run).items():
+        if entry.get("headline"):
+            out.append(f"dataflow graph diff, {variant}: {fmt.clip(entry['headline'], 300)}")
     return out
 
 

@@ -5,15 +5,24 @@ import dataclasses
 import pytest
 
 from microscope.instrument import InstrumentConfig, ProfileConfig
+from microscope.instrument.config import DEFAULT_HISTOGRAM_BINS
 
 
 def test_defaults_switch_everything_off():
     cfg = InstrumentConfig()
     assert not cfg.enabled
-    assert (cfg.hooks, cfg.profile.enabled, cfg.tensorboard, cfg.graph_diff, cfg.histograms) == (
+    assert (cfg.hooks, cfg.profile.enabled, cfg.tensorboard, cfg.graph_diff, cfg.model_histogram_bins) == (
         False, False, False, False, 0)
     assert InstrumentConfig(graph_diff=True).enabled
     assert InstrumentConfig(profile=ProfileConfig(enabled=True)).enabled
+
+
+def test_tensorboard_brings_graphs_and_histograms_unless_told_otherwise():
+    tb = InstrumentConfig(tensorboard=True)
+    assert tb.dataflow and tb.model_histogram_bins == DEFAULT_HISTOGRAM_BINS
+    assert InstrumentConfig(tensorboard=True, histograms=0).model_histogram_bins == 0
+    assert InstrumentConfig(histograms=8).model_histogram_bins == 8
+    assert InstrumentConfig(graph_diff=True).dataflow and not InstrumentConfig(hooks=True).dataflow
 
 
 @pytest.mark.parametrize(

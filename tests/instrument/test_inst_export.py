@@ -9,7 +9,9 @@ from microscope.instrument import (
     INSTRUMENT_FILES,
     ActivationRecorder,
     ProfileConfig,
+    capture_dataflow,
     compare_models,
+    diff_dataflow,
     diff_profiles,
     divergence,
     profile_variant,
@@ -39,8 +41,13 @@ def test_files_are_keyed_by_label_and_merge(tmp_path, x):
     base, cand = make_model(), _swapped()
     trace = diff_profiles(profile_variant(lambda: base(x), None, cfg, name="eager", device="cpu"),
                           profile_variant(lambda: cand(x), None, cfg, name="fused", device="cpu"))
+    flows = []
+    for model in (base, cand):
+        with wrap_callables(model):
+            flows.append(capture_dataflow(lambda m=model: m(x), model=model))
     written = write_instruments(tmp_path, divergence={"fused": _divergence(x)}, trace_diff={"fused": trace},
-                                graph_diff={"fused": compare_models(base, cand, [x])})
+                                graph_diff={"fused": compare_models(base, cand, [x])},
+                                dataflow_diff={"fused": diff_dataflow(*flows, candidate="fused")})
     assert sorted(p.name for p in written) == sorted(INSTRUMENT_FILES.values())
     write_instruments(tmp_path, graph_diff={"fused @ other case": compare_models(base, base, [x])})
     graph = json.loads((tmp_path / "graph_diff.json").read_text())
@@ -52,6 +59,9 @@ def test_files_are_keyed_by_label_and_merge(tmp_path, x):
     # SDPA inside the Function reorders the arithmetic: the swapped function's output is the first to move
     assert div["first_divergent"] == "layers.0.attn.attn_fn"
     assert all({"module", "rel_err"} <= set(r) for r in div["rows"])
+    drawn = json.loads((tmp_path / "dataflow_diff.json").read_text())["fused"]
+    assert drawn["counts"]["added"] == 4  # one FusedAttention node per layer
+    assert "added/layers.0/attn/attn_fn/FusedAttention" in {n["name"] for n in drawn["nodes"]}
 
 
 def test_report_reads_what_the_instruments_write(tmp_path, x):
