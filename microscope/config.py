@@ -7,6 +7,12 @@ of GPU time is a wasted ten minutes.
 
 Overlays: ``profiles: {cpu: {...}, cuda: {...}}`` are merged over the top level for the device the run
 uses, then ``quick: {...}`` for ``--quick`` runs. Keys inside an overlay keep their own line numbers.
+
+Reading is bounded before anything is expanded: a config is a few hundred lines, so a file over
+``MAX_FILE_BYTES``, nesting deeper than ``MAX_DEPTH``, more than ``MAX_ALIASES`` aliases, or aliases that
+would expand to more than ``MAX_NODES`` values are refused while the YAML is composed; a "billion
+laughs" file fails in milliseconds instead of filling memory. Numbers must lie in each field's
+``BOUNDS`` (NaN and infinities never do), and ``--set`` values are cited as ``--set key=value``.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
+import stat
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +41,18 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+#: Limits on a config's text, checked before any alias is expanded (the shipped configs use a few
+#: hundred values, nest 5 deep and use no aliases at all).
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_ALIASES = 64
+MAX_NODES = 20_000
+#: Largest whole number anywhere in a config: a 64-bit seed is the largest that means anything.
+MAX_INT = 2**63 - 1
+#: Characters of a value or key quoted in a message; longer ones are cut with "...".
+_SHOWN = 80
 
 
 # --- the schema -------------------------------------------------------------------------------
@@ -56,6 +76,8 @@ class ThroughputConfig:
     reps: int = 5  # timed calls per variant per round
     backward: bool = False  # time forward+backward instead of forward only
     flush_l2: bool = True  # GPU: overwrite the L2 cache before every timed call
+    input_sets: int = 3  # seeded input sets rotated across timed calls (1: the accuracy inputs only)
+    check_rounds: int = 3  # rounds whose last timed output is checked against its float64 reference
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,22 @@ class StatsConfig:
 
 
 @dataclass(frozen=True)
+class GateConfig:
+    """What makes a run exit 1: the comparisons a CI job gates on (README "Exit codes").
+
+    Only candidates are gated (peers are compared, not judged), and a speed or memory verdict only
+    counts where the candidate passed accuracy in that case.
+    """
+
+    accuracy: bool = True  # candidates pass every accuracy check (model level: accuracy not "worse")
+    throughput: Literal["not_slower", "faster", "off"] = "not_slower"  # latency vs the baseline
+    best_peer: Literal["off", "not_slower"] = "off"  # latency vs the fastest correct peer of each case
+    memory_growth: float | None = 0.05  # largest peak-memory growth vs the baseline (null: not gated)
+    stability: bool = False  # stability and generalization must not be "worse"
+    failed_trials: bool = True  # a trial that raised, crashed, timed out or returned NaN/Inf fails
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     """Model level: the embedded workload every arm is trained and evaluated on.
 
@@ -92,6 +130,7 @@ class WorkloadConfig:
 
     profile: str = "tiny"
     seeds: int = 3  # independent seeds (init, data order, dropout); every arm sees the same ones
+    max_seeds: int | None = None  # sequential: add seeds, one at a time, until every test decides (budget)
     task: Literal["lm", "recall"] = "lm"  # next-token LM on the corpus, or associative recall
     steps: int | None = None  # training steps (default: the profile's)
     batch_size: int | None = None
@@ -102,6 +141,11 @@ class WorkloadConfig:
     model: Mapping[str, Any] = field(default_factory=dict)
     recipe: Mapping[str, Any] = field(default_factory=dict)
     corpus: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_seeds is not None and isinstance(self.seeds, int) and self.max_seeds < self.seeds:
+            raise ValueError(f"max_seeds ({self.max_seeds}) is the most seeds a sequential run may reach; "
+                             f"it must be >= seeds ({self.seeds})")
 
 
 #: Field names allowed under workload.model / .recipe / .corpus (checked against the dataclasses).
@@ -127,69 +171,359 @@ class RunConfig:
     cases: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # axis -> values
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)  # hooks, traces, TensorBoard
     # provenance: where the config came from and which line each dotted field was written on
     path: str = "<inline>"
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    # dotted keys given with --set -> "--set key=value", cited instead of a line of the file
+    overridden: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def where(self, dotted: str) -> str:
-        """``file:line`` of a dotted field (falls back to the nearest written parent, then the file)."""
-        parts = dotted.split(".")
-        while parts:
-            key = ".".join(parts)
-            if key in self.lines:
-                return f"{self.path}:{self.lines[key]}"
-            parts.pop()
-        return self.path
+        """``file:line`` of a dotted field (falls back to the nearest written parent, then the file), or
+        ``--set key=value`` when the field came from the command line."""
+        return _Where(self.path, self.lines, self.overridden).at(dotted)
+
+    def problem(self, dotted: str, text: str) -> str:
+        """``file:line: field: text`` for a problem with a dotted field (``--set field=value: text``)."""
+        return _Where(self.path, self.lines, self.overridden).problem(dotted, text)
 
 
 OVERLAY_KEYS = ("profiles", "quick")
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The accepted range of a numeric field; NaN and the infinities lie in none."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    whole: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.whole:
+            if self.high >= MAX_INT:
+                return f"a whole number >= {self.low}"
+            return f"a whole number from {self.low} to {self.high}"
+        low = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
+        high = f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        return f"a finite number {low} and {high}"
+
+
+def _whole(low: int, high: int) -> Bounds:
+    return Bounds(low, high, whole=True)
+
+
+#: Accepted ranges by dotted field. Wide enough for any real run, narrow enough that a typo (an extra
+#: zero, a NaN, 1e30) is caught before a GPU spends hours on it. Numeric fields not listed are held
+#: to ``_POSITIVE``/``_NON_NEGATIVE`` below, and every number to finite and ``|x| <= MAX_INT``.
+BOUNDS: dict[str, Bounds] = {
+    "seed": _whole(0, MAX_INT),
+    "repeats": _whole(1, 1000),
+    "timeout_s": Bounds(0, 7 * 24 * 3600, low_open=True),  # a week
+    "dimensions.throughput.warmup": _whole(0, 10_000),
+    "dimensions.throughput.rounds": _whole(1, 100_000),
+    "dimensions.throughput.reps": _whole(1, 100_000),
+    "dimensions.throughput.input_sets": _whole(1, 1000),
+    "dimensions.throughput.check_rounds": _whole(0, 100_000),
+    "stats.alpha": Bounds(0, 1, low_open=True, high_open=True),
+    "stats.min_band": Bounds(0, 1, high_open=True),
+    "gate.memory_growth": Bounds(0, 1000),
+    "workload.seeds": _whole(1, 1000),
+    "workload.max_seeds": _whole(1, 1000),
+    "workload.steps": _whole(1, 10_000_000),
+    "workload.batch_size": _whole(1, 65_536),
+    "workload.eval_tokens": _whole(1, 1_000_000_000),
+    "workload.eval_batch_size": _whole(1, 65_536),
+    "workload.decode_tokens": _whole(1, 1_000_000),
+    "workload.margin": Bounds(0, 10),
+    "instrument.histograms": _whole(0, 4096),
+    "instrument.divergence_threshold": Bounds(0, 1e6, low_open=True),
+    "instrument.profile.wait": _whole(0, 1000),
+    "instrument.profile.warmup": _whole(0, 1000),
+    "instrument.profile.active": _whole(1, 1000),
+    "instrument.profile.top_k": _whole(1, 100_000),
+}
+#: Fields of ``workload.model`` / ``.recipe`` / ``.corpus`` are sizes, rates and counts: never negative.
+_OVERRIDE_WHOLE = _whole(0, 2**31 - 1)
+_OVERRIDE_NUMBER = Bounds(0, 1e12)
+#: Largest case grid a config may ask for (the shipped ones have at most a few dozen cases).
+MAX_CASES = 10_000
+
+
+def _clip(text: str, limit: int = _SHOWN) -> str:
+    """``text`` cut to ``limit`` characters (with how long it was), for quoting in a message."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
+def _show(value: object) -> str:
+    """A value as a message quotes it: its repr, cut to a readable length."""
+    return _clip(repr(value))
+
+
+def _parent(dotted: str) -> str:
+    """``a.b[2]`` -> ``a.b`` -> ``a`` -> ``""``."""
+    if dotted.endswith("]") and "[" in dotted:
+        return dotted[: dotted.rindex("[")]
+    return dotted.rpartition(".")[0]
+
+
+def _under(dotted: str, key: str) -> bool:
+    """Whether ``dotted`` is ``key`` or lies inside it (``key.x``, ``key[0]``)."""
+    return dotted == key or dotted.startswith((f"{key}.", f"{key}["))
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a dotted field was written: a line of the file, or a ``--set`` on the command line."""
+
+    file: str
+    lines: Mapping[str, int]
+    cli: Mapping[str, str]
+
+    def at(self, dotted: str) -> str:
+        for key, shown in self.cli.items():
+            if _under(dotted, key):
+                return shown
+        while dotted:
+            if dotted in self.lines:
+                return f"{self.file}:{self.lines[dotted]}"
+            dotted = _parent(dotted)
+        return self.file
+
+    def problem(self, dotted: str, text: str) -> str:
+        at = self.at(dotted)
+        if self.cli.get(dotted) == at:  # "--set seed=-1: must be ..." says the field already
+            return f"{at}: {text}"
+        return f"{at}: {_clip(dotted) or 'the file'}: {text}"
+
+
 # --- YAML with line numbers ---------------------------------------------------------------------
 
 
+class _TooBig(yaml.YAMLError):
+    """A limit of ``_BoundedLoader`` was crossed (found while composing, before any expansion)."""
+
+    def __init__(self, mark: yaml.Mark, problem: str) -> None:
+        super().__init__(problem)
+        self.mark, self.problem = mark, problem
+
+
+if yaml.__with_libyaml__:  # libyaml's parser for the events (a 1 MiB value: 20 ms, not 1.5 s), composed here
+
+    class _Events(yaml.composer.Composer, yaml.cyaml.CParser, yaml.resolver.Resolver):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            yaml.cyaml.CParser.__init__(self, stream)
+            yaml.resolver.Resolver.__init__(self)
+            yaml.composer.Composer.__init__(self)
+
+else:
+    _Events = yaml.SafeLoader  # type: ignore[misc,assignment]
+
+
+class _BoundedLoader(_Events):
+    """PyYAML's safe composer under ``MAX_DEPTH``, ``MAX_ALIASES`` and ``MAX_NODES`` (tags are checked
+    later, by ``_Lined``; nothing is constructed here).
+
+    Each node's expanded size (how many values it stands for once aliases are followed) is known the
+    moment it is composed, so an alias bomb is refused by arithmetic, never by expanding it.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values it expands to
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _TooBig(event.start_mark, f"more than {MAX_ALIASES} aliases (*name); a config needs few "
+                              "or none: write the values out")
+            target = self.anchors.get(event.anchor)
+            if target is not None and id(target) not in self._sizes:
+                raise _TooBig(event.start_mark, f"alias *{_clip(str(event.anchor))} sits inside the value it "
+                              "names (a value that contains itself); write the values out")
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooBig(event.start_mark, f"nested more than {MAX_DEPTH} levels deep; a config nests a "
+                              "few levels (dimensions: {throughput: {rounds: 10}})")
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        size = 1 + sum(self._sizes[id(child)] for child in children)
+        if size > MAX_NODES:
+            raise _TooBig(node.start_mark, f"this value expands to more than {MAX_NODES} values (aliases "
+                          "repeating aliases, a 'billion laughs' file?); a config holds a few hundred")
+        self._sizes[id(node)] = size
+        return node  # type: ignore[no-any-return]
+
+
 class _Lined:
-    """A plain value tree plus ``dotted path -> line`` for every mapping key and list item."""
+    """A plain value tree plus ``dotted path -> line`` for every mapping key and list item.
 
-    def __init__(self) -> None:
+    ``file`` starts every message; with ``with_lines=False`` (a ``--set`` value) no line is added.
+    """
+
+    def __init__(self, file: str, with_lines: bool = True) -> None:
+        self.file = file
+        self.with_lines = with_lines
         self.lines: dict[str, int] = {}
+        self._scalars = yaml.constructor.SafeConstructor()  # one per file: it keeps every node it built
 
-    def build(self, node: yaml.Node, path: str, problems: list[str], file: str) -> Any:
+    def _at(self, node: yaml.Node, path: str) -> str:
+        where = f"{self.file}:{node.start_mark.line + 1}" if self.with_lines else self.file
+        return f"{where}: {_clip(path) or ('the file' if self.with_lines else 'the value')}"
+
+    def build(self, node: yaml.Node, path: str, problems: list[str]) -> Any:
         if node.tag not in _SAFE_TAGS:
-            problems.append(
-                f"{file}:{node.start_mark.line + 1}: {path or 'the file'}: YAML tag {node.tag!r} is not allowed; "
-                "configs hold plain values, lists and mappings only"
-            )
+            problems.append(f"{self._at(node, path)}: YAML tag {_show(node.tag)} is not allowed; configs hold "
+                            "plain values, lists and mappings only")
             return None
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:
-                key = key_node.value
                 if not isinstance(key_node, yaml.ScalarNode):
-                    problems.append(f"{file}:{key_node.start_mark.line + 1}: keys must be plain names")
+                    problems.append(f"{self._at(key_node, path)}: a key must be a plain name, not a list or "
+                                    "mapping")
                     continue
+                key = key_node.value
                 sub = f"{path}.{key}" if path else key
                 if key in out:
-                    problems.append(
-                        f"{file}:{key_node.start_mark.line + 1}: {sub}: duplicate key "
-                        f"(first at line {self.lines[sub]}); keep one"
-                    )
+                    problems.append(f"{self._at(key_node, sub)}: duplicate key (first at line {self.lines[sub]}); "
+                                    "keep one")
                 self.lines[sub] = key_node.start_mark.line + 1
-                out[key] = self.build(value_node, sub, problems, file)
+                out[key] = self.build(value_node, sub, problems)
             return out
         if isinstance(node, yaml.SequenceNode):
             items = []
             for i, item in enumerate(node.value):
                 self.lines[f"{path}[{i}]"] = item.start_mark.line + 1
-                items.append(self.build(item, f"{path}[{i}]", problems, file))
+                items.append(self.build(item, f"{path}[{i}]", problems))
             return items
-        return _SCALARS.construct_object(node, deep=True)
+        return self._scalar(node, path, problems)
+
+    def _scalar(self, node: yaml.Node, path: str, problems: list[str]) -> Any:
+        too_large = (f"{self._at(node, path)}: {_clip(node.value)} is too large; whole numbers in a config lie "
+                     f"within +-{MAX_INT} (2**63 - 1)")
+        try:
+            value = self._scalars.construct_object(node, deep=True)
+        except (ValueError, OverflowError, yaml.YAMLError) as exc:  # e.g. an int of 5000 digits
+            big = node.tag.endswith(":int")
+            problems.append(too_large if big else f"{self._at(node, path)}: {_show(node.value)} cannot be read "
+                            f"({exc}); write a plain number, text or true/false")
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            problems.append(too_large)
+            return None
+        return value
 
 
-_SCALARS = yaml.constructor.SafeConstructor()
 _SAFE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null")}
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file: a regular file of at most ``MAX_FILE_BYTES``, in UTF-8.
+
+    Anything else (missing, a folder, unreadable, too big, binary, another encoding) is a
+    ``ConfigError`` naming the file, and the line and byte offset where the bytes stop being text.
+    """
+    path = Path(path)
+    shown = _clip(str(path), 300)
+    try:
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError([f"{shown}: is a folder, not a config file; name a .yaml file"])
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError([f"{shown}: is not a regular file (a device, pipe or socket); name a .yaml file"])
+        if info.st_size > MAX_FILE_BYTES:
+            raise ConfigError([f"{shown}: {info.st_size} bytes is too large for a config (at most "
+                               f"{MAX_FILE_BYTES}); is this the right file?"])
+        with path.open("rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"{shown}: cannot read the config ({exc.strerror or exc}); check the path"]) from exc
+    except ValueError as exc:  # a NUL character in the path
+        raise ConfigError([f"{shown}: not a usable path ({exc}); check the path"]) from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([f"{shown}: more than {MAX_FILE_BYTES} bytes is too large for a config"])
+    return decode_config(data, str(path))
+
+
+def decode_config(data: bytes, file: str) -> str:
+    """UTF-8 bytes -> text; a NUL byte or a byte that is not UTF-8 is reported with line and offset."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConfigError([f"{file}:{line}: a NUL byte at offset {nul}: this is a binary (or UTF-16) file, not "
+                           "a UTF-8 YAML config"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise ConfigError([f"{file}:{line}: byte 0x{data[exc.start]:02x} at offset {exc.start} (column {column}) "
+                           "is not UTF-8; save the file as UTF-8"]) from None
+    return text.removeprefix("\ufeff")
+
+
+def read_yaml(text: str, file: str, *, with_lines: bool = True) -> tuple[Any, dict[str, int]]:
+    """Plain values (``None`` for an empty text) and ``dotted path -> line``, read safely and bounded.
+
+    ``file`` starts every message; ``with_lines=False`` leaves line numbers out (a ``--set`` value).
+    """
+    def at(line: int) -> str:
+        return f"{file}:{line}" if with_lines else file
+
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError([f"{file}: {len(text)} characters is too large for a config (at most {MAX_FILE_BYTES})"])
+    try:
+        node = yaml.compose(text, Loader=_BoundedLoader)
+    except _TooBig as exc:
+        raise ConfigError([f"{at(exc.mark.line + 1)}: {exc.problem}"]) from exc
+    except yaml.reader.ReaderError as exc:  # a control character
+        found = yaml.reader.Reader.NON_PRINTABLE.search(text)
+        offset = found.start() if found else exc.position
+        line = text.count("\n", 0, offset) + 1
+        code = ord(text[offset]) if offset < len(text) else 0
+        raise ConfigError([f"{at(line)}: character U+{code:04X} at offset {offset} (column "
+                           f"{offset - text.rfind(chr(10), 0, offset)}) is a control character YAML does not allow; "
+                           "delete it (a config is plain text)"]) from exc
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        context = f" ({exc.context})" if exc.context else ""
+        hint = "" if isinstance(exc, yaml.composer.ComposerError) else "; check the indentation, quotes and brackets"
+        raise ConfigError([f"{at(line)}: not valid YAML: {exc.problem}{context}{hint}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{file}: not valid YAML: {exc}"]) from exc
+    if node is None:
+        return None, {}
+    lined = _Lined(file, with_lines)
+    problems: list[str] = []
+    data = lined.build(node, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    return data, lined.lines
+
+
 #: Words people write for a device, mapped to the name microscope uses (for "did you mean").
 _ALIASES = {"gpu": "cuda", "nvidia": "cuda", "host": "cpu"}
 
@@ -197,6 +531,8 @@ _ALIASES = {"gpu": "cuda", "nvidia": "cuda", "host": "cpu"}
 def _suggest(value: object, choices: list[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest choice (aliases first), or ``""``."""
     text = str(value)
+    if len(text) > 100:  # nothing that long is a typo of a short name, and difflib would take a while
+        return ""
     if _ALIASES.get(text.lower()) in choices:
         return f"; did you mean {_ALIASES[text.lower()]!r}?"
     close = difflib.get_close_matches(text, choices, n=1)
@@ -231,25 +567,43 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _check_value(value: Any, tp: Any, dotted: str, at: str, problems: list[str]) -> Any:
+def _check_value(
+    value: Any, tp: Any, dotted: str, where: _Where, problems: list[str], bounds: Bounds | None = None
+) -> Any:
+    """``value`` checked against the type ``tp``; a problem is appended and a stand-in returned if wrong."""
+
+    def wrong(text: str) -> None:
+        problems.append(where.problem(dotted, text))
+
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _check_value(value, args[0], dotted, at, problems) if value is not None else None
+        return _check_value(value, args[0], dotted, where, problems, bounds) if value is not None else None
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
             hint = _suggest(value, [str(c) for c in choices])
-            problems.append(f"{at}: {dotted}: {value!r} is not one of {', '.join(map(repr, choices))}{hint}")
+            wrong(f"{_show(value)} is not one of {', '.join(map(repr, choices))}{hint}")
         return value
     if origin is tuple:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list):
-            problems.append(f"{at}: {dotted}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+            wrong(f"expected {_type_name(tp)}, got {type(value).__name__} {_show(value)}")
             return ()
         inner = typing.get_args(tp)[0]
-        return tuple(_check_value(v, inner, f"{dotted}[{i}]", at, problems) for i, v in enumerate(value))
+        return tuple(_check_value(v, inner, f"{dotted}[{i}]", where, problems) for i, v in enumerate(value))
+    if origin is Mapping or origin is dict:
+        if not isinstance(value, Mapping):
+            wrong(f"expected a mapping of names to values, got {type(value).__name__} {_show(value)}")
+            return {}
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                problems.append(where.problem(f"{dotted}.{key}", "expected a plain number, text or true/false"))
+        return dict(value)
+    if origin is Callable:
+        wrong("is Python code (a callable) and cannot be set from a config; set it in the plugin")
+        return None
     if dataclasses.is_dataclass(tp):
         return value  # handled by _build
     if tp is float:
@@ -259,125 +613,275 @@ def _check_value(value: Any, tp: Any, dotted: str, at: str, problems: list[str])
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{at}: {dotted}: expected a number, got {type(value).__name__} {value!r}")
+            wrong(f"expected a number, got {type(value).__name__} {_show(value)}")
             return 0.0
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            wrong(f"{_show(value)} is too large for a number")
+            return 0.0
     if tp is int:
+        if isinstance(value, float) and not math.isfinite(value):
+            wrong(f"must be {bounds or 'a whole number'}, got {value}")
+            return 0
         if isinstance(value, bool) or not isinstance(value, int):
             hint = " (write it without quotes or decimals)" if isinstance(value, (str, float)) else ""
-            problems.append(f"{at}: {dotted}: expected a whole number, got {type(value).__name__} {value!r}{hint}")
+            wrong(f"expected a whole number, got {type(value).__name__} {_show(value)}{hint}")
             return 0
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{at}: {dotted}: expected true or false, got {value!r}")
+            wrong(f"expected true or false, got {_show(value)}")
             return False
         return value
     if tp is str:
         if not isinstance(value, str):
-            problems.append(f"{at}: {dotted}: expected text, got {type(value).__name__} {value!r}")
+            wrong(f"expected text, got {type(value).__name__} {_show(value)}")
             return ""
         return value
     return value
 
 
-_NON_NEGATIVE = {"warmup", "seed"}
-_POSITIVE = {"rounds", "reps", "repeats", "timeout_s", "alpha", "min_band", "seeds", "steps", "batch_size",
-             "eval_tokens", "eval_batch_size", "decode_tokens"}
+_NON_NEGATIVE = {"warmup", "seed", "check_rounds"}
+_POSITIVE = {"rounds", "reps", "repeats", "input_sets", "max_seeds", "timeout_s", "alpha", "min_band", "seeds", "steps",
+             "batch_size", "eval_tokens", "eval_batch_size", "decode_tokens"}
 
 
-def _build(cls: type, data: Any, prefix: str, file: str, lines: Mapping[str, int], problems: list[str]) -> Any:
-    def at(dotted: str) -> str:
-        parts = dotted.split(".")
-        while parts:
-            if ".".join(parts) in lines:
-                return f"{file}:{lines['.'.join(parts)]}"
-            parts.pop()
-        return file
+#: Fields every RunConfig carries about where it came from; never written in a config.
+_PROVENANCE = ("path", "lines", "overridden")
 
+
+def _optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _null_problem(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
+    """What to say about ``key: null`` (or ``key:`` with nothing after it) where a value is required."""
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return "has no value (null); it is required: give it one"
+    if isinstance(f.default, (bool, int, float, str)):
+        return f"has no value (null); give it one, or delete the line for the default ({f.default!r})"
+    return "has no value (null); give it one, or delete the line for the defaults"
+
+
+def _known_hint(key: str, known: list[str], what: str = "known keys here") -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) if len(key) <= 100 else []
+    return f"did you mean {close[0]!r}?" if close else f"{what}: {', '.join(known)}"
+
+
+def _check_number(value: Any, key: str, dotted: str, where: _Where, problems: list[str]) -> None:
+    """A number against its ``BOUNDS`` (else: finite, and the old > 0 / >= 0 rules by field name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    bounds = BOUNDS.get(dotted)
+    if bounds is not None:
+        if not bounds.holds(value):
+            problems.append(where.problem(dotted, f"must be {bounds}, got {_show(value)}"))
+    elif not math.isfinite(value):
+        problems.append(where.problem(dotted, f"must be a finite number, got {value}"))
+    elif key in _POSITIVE and value <= 0:
+        problems.append(where.problem(dotted, f"must be > 0, got {value!r}"))
+    elif key in _NON_NEGATIVE and value < 0:
+        problems.append(where.problem(dotted, f"must be >= 0, got {value!r}"))
+
+
+def _check_name(cls: type, key: str, value: Any, dotted: str, where: _Where, problems: list[str]) -> None:
+    """Names that can be checked without the plugin: the plugin's name, plugin sources, workload profiles."""
+    if cls is RunConfig and key == "plugin" and not value.isidentifier():
+        problems.append(where.problem(dotted, f"{_show(value)} is not a plugin name; names are Python identifiers "
+                                              "(letters, digits, underscores), e.g. 'plugin: flash_attn'"))
+    if cls is RunConfig and key == "plugins":
+        for i, source in enumerate(value):
+            if not source.strip():
+                problems.append(where.problem(f"{dotted}[{i}]", "is empty; give a .py file (relative to this "
+                                                                 "config) or a module name"))
+    if cls is WorkloadConfig and key == "profile":
+        from microscope.workloads.profiles import PROFILES
+
+        if value not in PROFILES:
+            problems.append(where.problem(dotted, f"{_show(value)} is not a workload profile; use one of "
+                                                  f"{', '.join(PROFILES)}{_suggest(value, list(PROFILES))}"))
+
+
+def _build(
+    cls: type,
+    data: Any,
+    prefix: str,
+    file: str,
+    lines: Mapping[str, int],
+    problems: list[str],
+    cli: Mapping[str, str] | None = None,
+) -> Any:
+    """``cls`` built from ``data`` (found at dotted ``prefix``), or None once every problem is appended.
+
+    ``cli`` maps dotted keys given with ``--set`` to how messages cite them.
+    """
+    where = _Where(file, lines, cli or {})
     if not isinstance(data, Mapping):
-        problems.append(f"{at(prefix)}: {prefix or 'the file'}: expected a mapping of keys, got {data!r}")
+        problems.append(where.problem(prefix, f"expected a mapping of keys, got {type(data).__name__} {_show(data)}"))
         return None
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls) if f.name not in ("path", "lines")]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _PROVENANCE}
+    known = list(fields)
+    first = len(problems)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
-            problems.append(f"{at(dotted)}: {dotted}: unknown key; {hint}")
+        if key not in fields:
+            problems.append(where.problem(dotted, f"unknown key; {_known_hint(key, known)}"))
             continue
         tp = hints[key]
+        if value is None and not _optional(tp):
+            problems.append(where.problem(dotted, _null_problem(fields[key])))
+            continue
+        before = len(problems)
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, dotted, file, lines, problems)
+            checked = _build(tp, value, dotted, file, lines, problems, cli)
         elif key == "cases":
-            kwargs[key] = _check_cases(value, dotted, at, problems)
+            checked = _check_cases(value, dotted, where, problems)
         elif cls is WorkloadConfig and key in ("model", "recipe", "corpus"):
-            kwargs[key] = _check_overrides(value, _workload_schemas()[key], dotted, at, problems)
+            checked = _check_overrides(value, _workload_schemas()[key], dotted, where, problems)
         else:
-            before = len(problems)
-            kwargs[key] = _check_value(value, tp, dotted, at(dotted), problems)
-            num = kwargs[key]
-            if len(problems) > before:
-                continue
-            if key in _POSITIVE and isinstance(num, (int, float)) and not isinstance(num, bool) and num <= 0:
-                problems.append(f"{at(dotted)}: {dotted}: must be > 0, got {value!r}")
-            if key in _NON_NEGATIVE and isinstance(num, int) and num < 0:
-                problems.append(f"{at(dotted)}: {dotted}: must be >= 0, got {value!r}")
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in kwargs
-    ]
-    for name in missing:
-        problems.append(f"{file}: {prefix + '.' if prefix else ''}{name}: required key is missing; add '{name}: ...'")
-    if missing or any(v is None for v in kwargs.values() if v is None):
+            checked = _check_value(value, tp, dotted, where, problems, BOUNDS.get(dotted))
+            if len(problems) == before:
+                _check_number(checked, key, dotted, where, problems)
+                _check_name(cls, key, checked, dotted, where, problems)
+        if len(problems) == before:
+            kwargs[key] = checked
+    for name, f in fields.items():
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and name not in data:
+            problems.append(f"{file}: {prefix + '.' if prefix else ''}{name}: required key is missing; "
+                            f"add '{name}: ...'")
+    if cls is WorkloadConfig and len(problems) == first:
+        _check_workload(kwargs, prefix, where, problems)
+    if len(problems) > first:
         return None
     try:
-        return cls(**{k: v for k, v in kwargs.items() if v is not None})
+        return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # a section's own cross-field checks (__post_init__)
-        problems.append(f"{at(prefix)}: {prefix or 'config'}: {exc}")
+        problems.append(where.problem(prefix, str(exc)))
         return None
 
 
-def _check_overrides(value: Any, schema: type, dotted: str, at: Any, problems: list[str]) -> dict[str, Any]:
-    """``workload.model`` etc.: keys must be fields of the workload dataclass they override."""
-    if not isinstance(value, Mapping):
-        problems.append(f"{at(dotted)}: {dotted}: expected a mapping of {schema.__name__} fields")
+def _schema_hints(schema: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(schema)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: check keys only
         return {}
-    known = [f.name for f in dataclasses.fields(schema)]
-    for key in value:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"{schema.__name__} has {', '.join(known)}"
-            problems.append(f"{at(f'{dotted}.{key}')}: {dotted}.{key}: unknown {schema.__name__} field; {hint}")
-    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in value.items()}
 
 
-def _check_cases(value: Any, dotted: str, at: Any, problems: list[str]) -> dict[str, tuple[Any, ...]]:
+def _check_overrides(value: Any, schema: type, dotted: str, where: _Where, problems: list[str]) -> dict[str, Any]:
+    """``workload.model`` etc.: keys must be fields of the dataclass they override, values of its types."""
     if not isinstance(value, Mapping):
-        problems.append(f"{at(dotted)}: {dotted}: expected a mapping axis -> list of values, e.g. 'seq: [128, 256]'")
+        problems.append(where.problem(dotted, f"expected a mapping of {schema.__name__} fields, got "
+                                              f"{type(value).__name__} {_show(value)}"))
+        return {}
+    hints = _schema_hints(schema)
+    known = [f.name for f in dataclasses.fields(schema)]
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        sub = f"{dotted}.{key}"
+        if key not in known:
+            problems.append(where.problem(sub, f"unknown {schema.__name__} field; "
+                                               f"{_known_hint(key, known, f'{schema.__name__} has')}"))
+            continue
+        tp = hints.get(key, Any)
+        if item is None:
+            if not _optional(tp):
+                problems.append(where.problem(sub, "has no value (null); give it one, or delete the line"))
+            out[key] = None
+            continue
+        before = len(problems)
+        checked = _check_value(item, tp, sub, where, problems)
+        numbers = [(sub, checked)] if not isinstance(checked, tuple) else [
+            (f"{sub}[{i}]", v) for i, v in enumerate(checked)]
+        for path, number in numbers:
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                continue
+            bounds = _OVERRIDE_WHOLE if isinstance(number, int) else _OVERRIDE_NUMBER
+            if not bounds.holds(number):
+                problems.append(where.problem(path, f"must be {bounds}, got {_show(number)}"))
+        if len(problems) == before:
+            out[key] = tuple(checked) if isinstance(checked, list) else checked
+    return out
+
+
+def _check_workload(kwargs: dict[str, Any], prefix: str, where: _Where, problems: list[str]) -> None:
+    """The profile with this section's overrides must make a valid model, recipe and corpus (their own
+    checks: d_model divisible by n_heads, a known precision, ...), before any arm is built."""
+    from microscope.workloads.profiles import get_profile
+
+    profile = get_profile(kwargs.get("profile", WorkloadConfig.profile))
+    sizes = {key: kwargs[key] for key in ("steps", "batch_size") if kwargs.get(key) is not None}
+    for key, base, extra in (("model", profile.model, {}), ("recipe", profile.recipe, sizes),
+                             ("corpus", profile.corpus, {})):
+        try:
+            dataclasses.replace(base, **{**extra, **kwargs.get(key, {})})
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            dotted = f"{prefix}.{key}" if key in kwargs else prefix
+            problems.append(where.problem(dotted, f"with profile {profile.name!r}: {exc}"))
+
+
+def _check_cases(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, tuple[Any, ...]]:
+    """``cases:`` is axis -> plain values: numbers, text or true/false, each once (a case is hashable)."""
+    if not isinstance(value, Mapping):
+        problems.append(where.problem(dotted, "expected a mapping axis -> list of values, e.g. 'seq: [128, 256]'"))
         return {}
     out = {}
     for axis, values in value.items():
+        sub = f"{dotted}.{axis}"
+        if values is None:
+            problems.append(where.problem(sub, f"has no values; give a list such as '{_clip(axis)}: [128, 256]', "
+                                               "or delete the axis"))
+            continue
         if not isinstance(values, list):
             values = [values]
         if not values:
-            problems.append(f"{at(f'{dotted}.{axis}')}: {dotted}.{axis}: empty list; give at least one value")
+            problems.append(where.problem(sub, "empty list; give at least one value"))
+        seen: set[tuple[type, Any]] = set()  # by type too: 1 and true are different case values
+        for i, item in enumerate(values):
+            at = f"{sub}[{i}]"
+            if isinstance(item, (dict, list)):
+                kind = "a mapping" if isinstance(item, dict) else "a list"
+                problems.append(where.problem(at, f"{kind} {_show(item)} is not a case value; each value is a "
+                                                  "number, text or true/false, e.g. 'seq: [128, 256]'"))
+            elif isinstance(item, float) and not math.isfinite(item):
+                problems.append(where.problem(at, f"{item} is not a finite number"))
+            elif (type(item), item) in seen:
+                problems.append(where.problem(at, f"{_show(item)} is listed twice; keep one"))
+            else:
+                seen.add((type(item), item))
         out[axis] = tuple(values)
     return out
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """``--set workload.steps=60`` -> ``("workload.steps", 60)``; the value is read as YAML."""
+    """``--set workload.steps=60`` -> ``("workload.steps", 60)``; the value is read as YAML (safe, bounded)."""
     key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError([f"--set {text!r}: expected KEY=VALUE, e.g. --set workload.steps=60"])
+    key = key.strip()
+    label = f"--set {_clip(text)}"
+    if not sep or not key:
+        raise ConfigError([f"{label}: expected KEY=VALUE, e.g. --set workload.steps=60"])
+    parts = key.split(".")
+    if any(not part for part in parts):
+        raise ConfigError([f"{label}: {_show(key)} has an empty part; write dotted field names such as "
+                           "dimensions.throughput.rounds"])
+    if parts[0] in OVERLAY_KEYS:
+        raise ConfigError([f"{label}: {parts[0]} is an overlay of the file; set the field itself (--set applies "
+                           "after the profile and quick overlays)"])
+    value, _ = read_yaml(raw, label, with_lines=False)
+    return key, value
+
+
+def _render(value: Any) -> str:
+    """A ``--set`` value written back the way a user would type it."""
+    if isinstance(value, str):
+        return _clip(value)
     try:
-        return key.strip(), yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"--set {text!r}: the value is not valid YAML ({exc})"]) from exc
+        text = yaml.safe_dump(value, default_flow_style=True, width=2**16).strip()
+    except yaml.YAMLError:
+        text = repr(value)
+    return _clip(text.removesuffix("...").strip())
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -389,6 +893,14 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
             child = node[part] = {}
         node = child
     node[last] = value
+
+
+def _apply_overrides(data: dict[str, Any], lines: dict[str, int], overrides: Mapping[str, Any]) -> None:
+    """Command-line values over the file's; their old lines go (messages cite ``--set`` instead)."""
+    for dotted, value in overrides.items():
+        _set_dotted(data, dotted, copy.deepcopy(value))
+        for key in [k for k in lines if _under(k, dotted)]:
+            del lines[key]
 
 
 # --- public entry points --------------------------------------------------------------------------
@@ -406,12 +918,7 @@ def load(
     ``device`` picks the ``profiles:`` entry (``cpu`` or ``cuda``); ``None`` leaves profiles unapplied.
     ``overrides`` are dotted keys from the command line (``seed``, ``workload.steps``), applied last.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read the config ({exc.strerror}); check the path"]) from exc
-    return loads(text, str(path), device=device, quick=quick, overrides=overrides)
+    return loads(read_config_text(path), str(path), device=device, quick=quick, overrides=overrides)
 
 
 def loads(
@@ -423,55 +930,48 @@ def loads(
     overrides: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Like ``load`` for config text already in memory (``file`` is used in messages)."""
-    problems: list[str] = []
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError([f"{file}{line}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from exc
-    if node is None:
+    data, lines = read_yaml(text, file)
+    if data is None:
         raise ConfigError([f"{file}: the config is empty; it needs at least 'plugin: <name>'"])
-    lined = _Lined()
-    data = lined.build(node, "", problems, file)
-    if problems:
-        raise ConfigError(problems)
     if not isinstance(data, dict):
         raise ConfigError([f"{file}:1: the config must be a mapping of keys (e.g. 'plugin: flash_attn')"])
-    lines = lined.lines
-    profiles = data.pop("profiles", {}) or {}
-    quick_overlay = data.pop("quick", {}) or {}
+    overrides = dict(overrides or {})
+    cli = {key: f"--set {key}={_render(value)}" for key, value in overrides.items()}
+    where = _Where(file, lines, cli)
+    problems: list[str] = []
+    profiles = data.pop("profiles", None)
+    quick_overlay = data.pop("quick", None)
+    if profiles is None:
+        profiles = {}
     if not isinstance(profiles, dict) or any(not isinstance(v, dict) for v in profiles.values()):
-        problems.append(
-            f"{file}:{lines.get('profiles', 0)}: profiles: expected 'profiles: {{cpu: {{...}}, cuda: {{...}}}}'"
-        )
+        problems.append(where.problem("profiles", "expected 'profiles: {cpu: {...}, cuda: {...}}'"))
         profiles = {}
     for name in profiles:
         if name not in ("cpu", "cuda"):
-            hint = _suggest(name, ["cpu", "cuda"])
-            at = f"{file}:{lines.get(f'profiles.{name}', 0)}"
-            problems.append(f"{at}: profiles.{name}: unknown device{hint} (use cpu or cuda)")
+            problems.append(where.problem(f"profiles.{name}", f"unknown device{_suggest(name, ['cpu', 'cuda'])} "
+                                                              "(use cpu or cuda)"))
         else:
             # validate every profile, not only the one this run uses: a typo in the cuda profile
             # must show on a CPU laptop too
             probe = copy.deepcopy(data)
             probe_lines = dict(lines)
             _deep_merge(probe, profiles[name], probe_lines, f"profiles.{name}", "")
-            _build(RunConfig, probe, "", file, probe_lines, problems)
+            _apply_overrides(probe, probe_lines, overrides)
+            _build(RunConfig, probe, "", file, probe_lines, problems, cli)
+    if quick_overlay is None:
+        quick_overlay = {}
     if not isinstance(quick_overlay, dict):
-        problems.append(f"{file}:{lines.get('quick', 0)}: quick: expected a mapping of keys to override")
+        problems.append(where.problem("quick", "expected a mapping of keys to override"))
         quick_overlay = {}
     if device in profiles:
         _deep_merge(data, profiles[device], lines, f"profiles.{device}", "")
     if quick:
         _deep_merge(data, quick_overlay, lines, "quick", "")
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
-        lines.pop(dotted, None)  # a command-line value has no line in the file
-    config = _build(RunConfig, data, "", file, lines, problems)
-    if problems:
+    _apply_overrides(data, lines, overrides)
+    config = _build(RunConfig, data, "", file, lines, problems, cli)
+    if problems or config is None:
         raise ConfigError(list(dict.fromkeys(problems)))
-    return dataclasses.replace(config, path=file, lines=dict(lines))
+    return dataclasses.replace(config, path=file, lines=dict(lines), overridden=cli)
 
 
 def effective_level(config: RunConfig, plugin: Ablation) -> str:
@@ -481,51 +981,74 @@ def effective_level(config: RunConfig, plugin: Ablation) -> str:
     return "operator" if plugin.variants else "model"
 
 
+def _model_case_problem(axis: str) -> str:
+    """Why a model-level config cannot have ``cases.<axis>``, and what to write instead."""
+    if axis in ("profile", "task"):
+        return (f"a model-level run has one case, (workload.profile, workload.task), and no case grid; write "
+                f"'workload: {{{axis}: ...}}' and delete cases.{axis}")
+    return (f"a model-level run has no case axis {_show(axis)}: its one case is (workload.profile, "
+            "workload.task); delete it")
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if value not in out:
+            out.append(value)
+    return out
+
+
 def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
     """Problems that need the plugin: level, unknown variants or arms, unknown case axes, wrong kinds."""
     problems: list[str] = []
     level = effective_level(config, plugin)
     if level not in plugin.levels:
-        problems.append(
-            f"{config.where('level')}: level: plugin {plugin.name!r} has no {level} level; "
-            f"it supports {', '.join(plugin.levels)}"
-        )
+        problems.append(config.problem("level", f"plugin {plugin.name!r} has no {level} level; it supports "
+                                                f"{', '.join(plugin.levels)}"))
         raise ConfigError(problems)
     if level == "model":
         names = list(plugin.arms)
         for i, name in enumerate(config.variants):
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
+                close = difflib.get_close_matches(name, names, n=1) if len(name) <= 100 else []
                 hint = f"did you mean {close[0]!r}?" if close else f"the plugin's arms are {', '.join(names)}"
-                problems.append(f"{config.where(f'variants[{i}]')}: variants[{i}]: no arm {name!r}; {hint}")
+                problems.append(config.problem(f"variants[{i}]", f"no arm {_show(name)}; {hint}"))
+        for axis in config.cases:
+            problems.append(config.problem(f"cases.{axis}", _model_case_problem(axis)))
         if problems:
             raise ConfigError(problems)
         return
     names = list(plugin.variants)
     for i, name in enumerate(config.variants):
         if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
+            close = difflib.get_close_matches(name, names, n=1) if len(name) <= 100 else []
             hint = f"did you mean {close[0]!r}?" if close else f"the plugin has {', '.join(names)}"
-            problems.append(f"{config.where(f'variants[{i}]')}: variants[{i}]: no variant {name!r}; {hint}")
+            problems.append(config.problem(f"variants[{i}]", f"no variant {_show(name)}; {hint}"))
     axes: dict[str, list[Any]] = {}
     for case in plugin.cases:
         for axis, value in case.items:
             axes.setdefault(axis, []).append(value)
+    sizes = {axis: len(_unique(values)) for axis, values in axes.items()}
     for axis, values in config.cases.items():
-        at = config.where(f"cases.{axis}")
+        dotted = f"cases.{axis}"
         if axis not in axes:
-            close = difflib.get_close_matches(axis, list(axes), n=1)
+            close = difflib.get_close_matches(axis, list(axes), n=1) if len(axis) <= 100 else []
             hint = f"did you mean {close[0]!r}?" if close else f"the plugin's axes are {', '.join(axes)}"
-            problems.append(f"{at}: cases.{axis}: plugin {plugin.name!r} has no case axis {axis!r}; {hint}")
+            problems.append(config.problem(dotted, f"plugin {plugin.name!r} has no case axis {_show(axis)}; {hint}"))
             continue
+        sizes[axis] = len(values)
         kinds = {type(v) for v in axes[axis]}
         for value in values:
             if axis == "dtype" and value not in DTYPES:
                 close = difflib.get_close_matches(str(value), list(DTYPES), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                problems.append(f"{at}: cases.dtype: {value!r} is not a dtype ({', '.join(DTYPES)}){hint}")
+                problems.append(config.problem(dotted, f"{_show(value)} is not a dtype ({', '.join(DTYPES)}){hint}"))
             elif type(value) not in kinds and not (float in kinds and type(value) is int):
                 want = " or ".join(sorted(k.__name__ for k in kinds))
-                problems.append(f"{at}: cases.{axis}: {value!r} is a {type(value).__name__}, expected {want}")
+                problems.append(config.problem(dotted, f"{_show(value)} is a {type(value).__name__}, expected {want}"))
+    total = math.prod(sizes.values())
+    if total > MAX_CASES:
+        problems.append(config.problem("cases", f"asks for {total} cases (the product of the axes' lengths); at "
+                                                f"most {MAX_CASES} are allowed: list fewer values per axis"))
     if problems:
         raise ConfigError(problems)

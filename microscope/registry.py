@@ -1,7 +1,10 @@
 """Name -> plugin: built-in rooms under ``kernels/``, installed entry points, and ``plugins:`` paths.
 
 Three sources, one namespace. A clash between two sources is an error that names both origins; an
-unknown name lists the known ones with a "did you mean".
+unknown name lists the known ones with a "did you mean". A plugin that raises while it is imported is
+reported at the line of its own file where it raised (``my_plugin.py:12: plugin raised ...``), and a
+``plugins:`` entry that cannot name a file or module (``~nobody/x.py``, a 5000-character path, a name
+with spaces) is a ``PluginError`` saying so, never an ``OSError`` from deep inside ``pathlib``.
 """
 
 from __future__ import annotations
@@ -9,8 +12,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import os
 import pkgutil
+import re
 import sys
+import traceback
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -56,27 +62,106 @@ def _import_entry_points() -> None:
             BROKEN[ep.name] = f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP} failed: {exc}"
 
 
+#: What importing a plugin may raise that is the plugin's fault (``sys.exit()`` at import included).
+_PLUGIN_FAULTS = (Exception, SystemExit)
+#: Longest path and path component the operating system takes (Linux: PATH_MAX, NAME_MAX).
+MAX_PATH_CHARS, MAX_NAME_CHARS = 4096, 255
+
+
+def _message(exc: BaseException) -> str:
+    """``Type: message`` of an exception, its message cut to a readable length."""
+    text = str(exc)
+    text = text if len(text) <= 500 else f"{text[:497]}..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _raise_line(exc: BaseException, file: Path | None) -> tuple[str, int] | None:
+    """Where ``exc`` came from: the deepest traceback frame in ``file`` (or, without one, outside
+    importlib's own frames), or the line a ``SyntaxError`` names."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        if file is None or _same_file(exc.filename, file):
+            return exc.filename, exc.lineno
+    frames = traceback.extract_tb(exc.__traceback__)
+    if file is not None:
+        hits = [f for f in frames if _same_file(f.filename, file)]
+    else:
+        hits = [f for f in frames if not f.filename.startswith("<") and "importlib" not in f.filename
+                and not _same_file(f.filename, Path(__file__))]
+    return (hits[-1].filename, hits[-1].lineno or 0) if hits else None
+
+
+def _same_file(name: str, file: Path) -> bool:
+    try:
+        return os.path.realpath(name) == os.path.realpath(file)
+    except (OSError, ValueError):
+        return False
+
+
 def _import(module: str, origin: str) -> None:
     try:
         importlib.import_module(module)
     except api.RegistrationError:
         raise
-    except Exception as exc:
-        raise PluginError(f"{origin}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
+    except _PLUGIN_FAULTS as exc:
+        site = _raise_line(exc, None)
+        at = f" at {site[0]}:{site[1]}" if site else ""
+        raise PluginError(f"{origin}: importing {module} failed{at}: {_message(exc)}") from exc
+
+
+def _shown(source: str) -> str:
+    """A ``plugins:`` entry as messages quote it (a 5000-character path is cut)."""
+    return repr(source) if len(source) <= 80 else f"{source[:60]!r}... ({len(source)} characters)"
+
+
+def _plugin_path(source: str, base_dir: Path | None) -> Path:
+    """The ``.py`` file a ``plugins:`` entry names, checked to exist; a clear ``PluginError`` otherwise."""
+    shown = _shown(source)
+    names = re.split(r"[/\\]", source)
+    if len(source) > MAX_PATH_CHARS or any(len(name) > MAX_NAME_CHARS for name in names):
+        raise PluginError(f"plugin file {shown}: path too long (a path holds at most {MAX_PATH_CHARS} characters, "
+                          f"each name in it at most {MAX_NAME_CHARS}); check the entry")
+    if "\x00" in source:
+        raise PluginError(f"plugin file {shown}: a path cannot hold a NUL character; check the entry")
+    try:
+        path = Path(source).expanduser()
+    except RuntimeError:  # "~nobody/x.py": no such user, or no home directory to expand "~"
+        raise PluginError(f"plugin file {shown} not found: {names[0]!r} names no home directory on this "
+                          "machine; write the path relative to the config or in full") from None
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"plugin file {shown} cannot be looked up ({getattr(exc, 'strerror', None) or exc}); "
+                          "check the entry") from exc
+    if is_dir:
+        raise PluginError(f"plugin file {shown} is a folder ({path}); name the .py file in it")
+    if not is_file:
+        raise PluginError(f"plugin file {shown} not found (looked at {path})")
+    if path.suffix != ".py":
+        raise PluginError(f"plugin file {shown} is not a .py file; plugins are Python files or module names")
+    return path
+
+
+def _is_module_name(source: str) -> bool:
+    return all(part.isidentifier() for part in source.split("."))
 
 
 def load_plugin_source(source: str, base_dir: Path | None = None) -> None:
     """Import a plugin from a ``.py`` file path (relative to ``base_dir``) or a dotted module name."""
-    looks_like_path = source.endswith(".py") or "/" in source or "\\" in source
+    looks_like_path = source.endswith(".py") or "/" in source or "\\" in source or source.startswith("~")
     if not looks_like_path:
+        if not _is_module_name(source):
+            raise PluginError(f"plugin {_shown(source)} is neither a .py file nor a module name (dotted Python "
+                              "identifiers such as my_package.ablations)")
         _import(source, f"plugin module {source!r}")
         return
-    path = Path(source).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_file():
-        raise PluginError(f"plugin file {source!r} not found (looked at {path})")
-    name = f"microscope_user_plugin_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    path = _plugin_path(source, base_dir)
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        real = os.path.abspath(path)
+    name = f"microscope_user_plugin_{path.stem}_{abs(hash(real)) % 10**8}"
     if name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(name, path)
@@ -89,9 +174,11 @@ def load_plugin_source(source: str, base_dir: Path | None = None) -> None:
     except api.RegistrationError:
         del sys.modules[name]
         raise
-    except Exception as exc:
+    except _PLUGIN_FAULTS as exc:
         del sys.modules[name]
-        raise PluginError(f"plugin file {path}: {type(exc).__name__}: {exc}") from exc
+        site = _raise_line(exc, path)
+        at = f"{path}:{site[1]}" if site else str(path)
+        raise PluginError(f"{at}: plugin raised {_message(exc)}") from exc
 
 
 _discovered = False
@@ -119,4 +206,9 @@ def get(name: str, extra_sources: Iterable[str] = (), base_dir: Path | None = No
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         known = ", ".join(plugins) or "(none)"
         raise PluginError(f"no plugin named {name!r}.{hint} Known plugins: {known}.")
-    return plugins[name]()
+    try:
+        return plugins[name]()
+    except _PLUGIN_FAULTS as exc:  # a plugin class with its own __init__ that raises
+        site = _raise_line(exc, None)
+        at = f"{site[0]}:{site[1]}: " if site else ""
+        raise PluginError(f"{at}creating plugin {name!r} raised {_message(exc)}") from exc

@@ -35,7 +35,7 @@ def test_wrong_type_says_what_was_expected():
 
 def test_bad_value_is_rejected_with_range():
     msg = problems("plugin: toy_gelu\ndimensions:\n  throughput:\n    reps: 0\n")
-    assert msg == "ablations/bad.yaml:4: dimensions.throughput.reps: must be > 0, got 0"
+    assert msg == "ablations/bad.yaml:4: dimensions.throughput.reps: must be a whole number from 1 to 100000, got 0"
 
 
 def test_bad_choice_suggests_the_closest():
@@ -50,7 +50,7 @@ def test_missing_required_key():
 def test_every_problem_is_reported_at_once():
     msg = problems("plugin: toy_gelu\nseed: -1\nrepeats: 1.5\n")
     assert msg.splitlines() == [
-        "ablations/bad.yaml:2: seed: must be >= 0, got -1",
+        "ablations/bad.yaml:2: seed: must be a whole number >= 0, got -1",
         "ablations/bad.yaml:3: repeats: expected a whole number, got float 1.5 (write it without quotes or decimals)",
     ]
 
@@ -124,3 +124,224 @@ def test_every_shipped_config_is_valid():
         for device in ("cpu", "cuda"):
             for quick in (False, True):
                 load_checked(path, device, quick)
+
+
+# --- bad input never gives a traceback: every problem names the file, the line and the field ---------
+
+
+def problems_in_file(tmp_path, data: bytes, name: str = "bad.yaml") -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        cfgmod.load(path)
+    return str(info.value).replace(str(tmp_path), "DIR")
+
+
+def test_non_utf8_bytes_name_line_column_and_offset(tmp_path):
+    msg = problems_in_file(tmp_path, b"plugin: toy_gelu\ndescription: caf\xe9\n")
+    assert msg == "DIR/bad.yaml:2: byte 0xe9 at offset 33 (column 17) is not UTF-8; save the file as UTF-8"
+
+
+def test_binary_files_folders_and_missing_files_are_named(tmp_path):
+    assert problems_in_file(tmp_path, b"plugin: x\n\x00\x01\x02") == (
+        "DIR/bad.yaml:2: a NUL byte at offset 10: this is a binary (or UTF-16) file, not a UTF-8 YAML config")
+    (tmp_path / "folder.yaml").mkdir()
+    for name, expected in (("folder.yaml", "is a folder, not a config file"), ("missing.yaml", "No such file")):
+        with pytest.raises(ConfigError) as info:
+            cfgmod.load(tmp_path / name)
+        assert str(info.value).startswith(f"{tmp_path / name}: ") and expected in str(info.value)
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    msg = problems_in_file(tmp_path, b"plugin: toy_gelu\n#" + b"x" * cfgmod.MAX_FILE_BYTES)
+    assert msg.startswith("DIR/bad.yaml: 1048594 bytes is too large for a config (at most 1048576)")
+
+
+def test_control_characters_name_line_and_column():
+    assert problems("plugin: toy_gelu\ndescription: a\x1b[31mb\n") == (
+        "ablations/bad.yaml:2: character U+001B at offset 31 (column 15) is a control character YAML does not "
+        "allow; delete it (a config is plain text)")
+
+
+@pytest.mark.parametrize(("nested", "line"), [
+    (" " + "[" * 40 + "]" * 40, 2),
+    (" " + "{a: " * 40 + "1" + "}" * 40, 2),
+    ("\n" + "\n".join("  " * i + f"k{i}:" for i in range(1, 100)) + " 1", 33),  # k31 is the 33rd level
+])
+def test_deep_nesting_is_bounded(nested, line):
+    assert problems(f"plugin: toy_gelu\ndescription:{nested}\n") == (
+        f"ablations/bad.yaml:{line}: nested more than 32 levels deep; a config nests a few levels (dimensions: "
+        "{throughput: {rounds: 10}})")
+
+
+@pytest.mark.parametrize("nested", ["[" * 50_000 + "]" * 50_000, "{a: " * 50_000 + "1" + "}" * 50_000])
+def test_nesting_past_the_parser_limit_is_a_clean_error(nested):
+    assert problems(f"plugin: toy_gelu\ndescription: {nested}\n").startswith("ablations/bad.yaml:2: ")
+
+
+def test_an_alias_bomb_fails_in_milliseconds_before_it_is_expanded():
+    import time
+
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    text = "plugin: toy_gelu\nworkload:\n  model:\n" + "".join(f"    {line}\n" for line in levels)
+    start = time.perf_counter()
+    msg = problems(text)
+    assert time.perf_counter() - start < 0.5
+    assert msg == (f"ablations/bad.yaml:8: this value expands to more than {cfgmod.MAX_NODES} values (aliases "
+                   "repeating aliases, a 'billion laughs' file?); a config holds a few hundred")
+
+
+def test_aliases_are_counted_and_may_not_contain_themselves():
+    many = "plugin: toy_gelu\nx: &x 1\nrefs: [" + ", ".join(["*x"] * (cfgmod.MAX_ALIASES + 1)) + "]\n"
+    assert problems(many).startswith(f"ablations/bad.yaml:3: more than {cfgmod.MAX_ALIASES} aliases (*name)")
+    assert problems("plugin: toy_gelu\nloop: &r [*r]\n") == (
+        "ablations/bad.yaml:2: alias *r sits inside the value it names (a value that contains itself); write the "
+        "values out")
+    few = cfgmod.loads("plugin: toy_gelu\ncases: {rows: &rows [3, 17]}\nprofiles: {cuda: {cases: {rows: *rows}}}\n")
+    assert few.cases == {"rows": (3, 17)}  # a handful of aliases is ordinary YAML and still works
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("stats: {alpha: .nan}", "2: stats.alpha: must be a finite number > 0 and < 1, got nan"),
+    ("stats: {alpha: 1.5}", "2: stats.alpha: must be a finite number > 0 and < 1, got 1.5"),
+    ("stats: {min_band: .inf}", "2: stats.min_band: must be a finite number >= 0 and < 1, got inf"),
+    ("timeout_s: .inf", "2: timeout_s: must be a finite number > 0 and <= 604800, got inf"),
+    ("dimensions: {throughput: {rounds: 1000000}}",
+     "2: dimensions.throughput.rounds: must be a whole number from 1 to 100000, got 1000000"),
+    ("dimensions: {throughput: {rounds: 1.0e+30}}",
+     "2: dimensions.throughput.rounds: expected a whole number, got float 1e+30 (write it without quotes or decimals)"),
+    ("seed: 100000000000000000000", "2: seed: 100000000000000000000 is too large; whole numbers in a config lie "
+                                    "within +-9223372036854775807 (2**63 - 1)"),
+    ("workload: {seeds: -3}", "2: workload.seeds: must be a whole number from 1 to 1000, got -3"),
+    ("workload: {model: {dropout: .nan}}", "2: workload.model.dropout: must be a finite number >= 0 and <= 1e+12, "
+                                          "got nan"),
+    ("workload: {recipe: {betas: [0.9, -.inf]}}", "2: workload.recipe.betas[1]: must be a finite number >= 0 and "
+                                                  "<= 1e+12, got -inf"),
+])
+def test_non_finite_and_absurd_numbers_are_refused_with_the_accepted_range(line, expected):
+    assert problems(f"plugin: toy_gelu\n{line}\n") == f"ablations/bad.yaml:{expected}"
+
+
+def _numeric_fields(cls: type, prefix: str = ""):
+    import dataclasses
+    import typing
+
+    for f in dataclasses.fields(cls):
+        if f.name in ("path", "lines", "overridden"):
+            continue
+        tp = typing.get_type_hints(cls)[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        dotted = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(args[0]):
+            yield from _numeric_fields(args[0], f"{dotted}.")
+        elif args[0] in (int, float):
+            yield dotted
+
+
+def test_nan_is_refused_in_every_numeric_field():
+    fields = list(_numeric_fields(cfgmod.RunConfig))
+    assert "dimensions.throughput.rounds" in fields and "instrument.profile.top_k" in fields
+    for dotted in fields:
+        *parents, last = dotted.split(".")
+        text = "plugin: toy_gelu\n" + "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents))
+        text += f"{'  ' * len(parents)}{last}: .nan\n"
+        assert f":{len(parents) + 2}: {dotted}: " in problems(text), dotted
+
+
+def test_null_where_a_value_is_required_says_what_to_do():
+    assert problems("plugin: toy_gelu\ndimensions:\n  throughput:\n    rounds:\n") == (
+        "ablations/bad.yaml:4: dimensions.throughput.rounds: has no value (null); give it one, or delete the line "
+        "for the default (10)")
+    assert problems("plugin:\n") == "ablations/bad.yaml:1: plugin: has no value (null); it is required: give it one"
+    assert problems("plugin: toy_gelu\nstats: null\n") == (
+        "ablations/bad.yaml:2: stats: has no value (null); give it one, or delete the line for the defaults")
+    # optional fields take null as "the default": workload.steps: null is the profile's step count
+    assert cfgmod.loads("plugin: toy_gelu\nworkload: {steps: null}\n").workload.steps is None
+
+
+def test_case_values_must_be_plain_and_listed_once():
+    msg = problems("plugin: toy_gelu\ncases:\n  rows:\n    - 3\n    - {a: 1}\n    - [1, 2]\n    - 3\n")
+    assert msg.splitlines() == [
+        "ablations/bad.yaml:5: cases.rows[1]: a mapping {'a': 1} is not a case value; each value is a number, "
+        "text or true/false, e.g. 'seq: [128, 256]'",
+        "ablations/bad.yaml:6: cases.rows[2]: a list [1, 2] is not a case value; each value is a number, text or "
+        "true/false, e.g. 'seq: [128, 256]'",
+        "ablations/bad.yaml:7: cases.rows[3]: 3 is listed twice; keep one",
+    ]
+    assert problems("plugin: toy_gelu\ncases: {rows: null}\n") == (
+        "ablations/bad.yaml:2: cases.rows: has no values; give a list such as 'rows: [128, 256]', or delete the axis")
+
+
+def test_model_level_cases_are_refused_with_what_to_write_instead():
+    plugin = registry.get("adam_betas")
+    cfg = cfgmod.loads("plugin: adam_betas\nlevel: model\ncases:\n  profile: [gpu]\n  seq: [128]\n", "m.yaml")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_against_plugin(cfg, plugin)
+    assert info.value.problems == [
+        "m.yaml:4: cases.profile: a model-level run has one case, (workload.profile, workload.task), and no case "
+        "grid; write 'workload: {profile: ...}' and delete cases.profile",
+        "m.yaml:5: cases.seq: a model-level run has no case axis 'seq': its one case is (workload.profile, "
+        "workload.task); delete it",
+    ]
+
+
+def test_case_grids_are_bounded():
+    axes = "".join(f"  {axis}: [{', '.join(str(v) for v in range(1, 120))}]\n" for axis in ("rows", "cols"))
+    cfg = cfgmod.loads(f"plugin: toy_gelu\nplugins: [{TOY}]\ncases:\n{axes}", "ablations/bad.yaml")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_against_plugin(cfg, _plugin())
+    assert info.value.problems == [
+        "ablations/bad.yaml:3: cases: asks for 28322 cases (the product of the axes' lengths); at most 10000 are "
+        "allowed: list fewer values per axis"]
+
+
+def test_workload_profile_and_plugin_names_are_checked_before_any_import():
+    assert problems("plugin: adam_betas\nworkload: {profile: gpuu}\n") == (
+        "ablations/bad.yaml:2: workload.profile: 'gpuu' is not a workload profile; use one of tiny, gpu; did you "
+        "mean 'gpu'?")
+    assert problems("plugin: '[bold red]x[/]'\n") == (
+        "ablations/bad.yaml:1: plugin: '[bold red]x[/]' is not a plugin name; names are Python identifiers "
+        "(letters, digits, underscores), e.g. 'plugin: flash_attn'")
+    assert problems("plugin: adam_betas\nworkload: {model: {n_heads: 3}}\n") == (
+        "ablations/bad.yaml:2: workload.model: with profile 'tiny': d_model=128 is not divisible by n_heads=3")
+
+
+def test_long_values_are_cut_in_messages():
+    msg = problems("plugin: toy_gelu\nseed: '" + "x" * 100_000 + "'\n")
+    assert len(msg) < 300 and msg.startswith("ablations/bad.yaml:2: seed: expected a whole number, got str 'xxx")
+    assert "(100002 characters)" in msg
+
+
+def test_set_values_are_cited_as_the_command_line_not_a_line_of_the_file():
+    text = "plugin: toy_gelu\ndimensions:\n  throughput:\n    rounds: 5\n"
+    overrides = dict(cfgmod.parse_assignment(a) for a in ["dimensions.throughput.rounds=abc", "seed=-1",
+                                                          "dimensions.accuracy={backwardz: true}"])
+    assert sorted(problems(text, overrides=overrides).splitlines()) == [
+        "--set dimensions.accuracy={backwardz: true}: dimensions.accuracy.backwardz: unknown key; did you mean "
+        "'backward'?",
+        "--set dimensions.throughput.rounds=abc: expected a whole number, got str 'abc' (write it without quotes "
+        "or decimals)",
+        "--set seed=-1: must be a whole number >= 0, got -1",
+    ]
+    cfg = cfgmod.loads(text, "x.yaml", overrides={"dimensions.throughput.rounds": 7})
+    assert cfg.dimensions.throughput.rounds == 7 and cfg.where("dimensions.throughput.rounds") == (
+        "--set dimensions.throughput.rounds=7")
+
+
+@pytest.mark.parametrize(("arg", "expected"), [
+    ("rounds", "--set rounds: expected KEY=VALUE, e.g. --set workload.steps=60"),
+    ("a..b=1", "--set a..b=1: 'a..b' has an empty part; write dotted field names such as "
+               "dimensions.throughput.rounds"),
+    ("quick.seed=1", "--set quick.seed=1: quick is an overlay of the file; set the field itself (--set applies "
+                     "after the profile and quick overlays)"),
+    ("seed=[1", "--set seed=[1: not valid YAML: did not find expected ',' or ']' (while parsing a flow sequence); "
+                "check the indentation, quotes and brackets"),
+    ("seed=" + "[" * 100 + "]" * 100, "nested more than 32 levels deep"),
+    ("seed=!!python/name:os.system", "--set seed=!!python/name:os.system: the value: YAML tag "
+                                     "'tag:yaml.org,2002:python/name:os.system' is not allowed"),
+])
+def test_bad_set_arguments(arg, expected):
+    with pytest.raises(ConfigError) as info:
+        cfgmod.parse_assignment(arg)
+    assert str(info.value).startswith(expected) or expected in str(info.value)
