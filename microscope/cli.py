@@ -1,7 +1,8 @@
-"""``microscope run | list | validate``: the command line.
+"""``microscope run | list | validate | report | compare | history | tensorboard``: the command line.
 
-Exit codes: 0 all trials ran (skips are fine), 1 some trial failed (the others are recorded),
-2 the config or plugin is wrong (nothing ran).
+Exit codes (the contract with CI; ``EXIT_CODES`` is what ``--help`` prints): 0 every gated comparison
+holds, 1 a candidate fails accuracy, a gated comparison regresses or a trial failed, 2 bad config,
+plugin or input (nothing ran).
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
-from microscope import __version__
+from microscope import __version__, history_command
+
+EXIT_CODES = """exit codes:
+  0  every gated comparison holds (the config's gate: section; skipped peers are fine)
+  1  a candidate fails accuracy, a gated comparison regresses (e.g. "slower"), or a trial failed
+  2  bad config, plugin, records or command line: nothing was measured
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="microscope", description="A change microscope for LLM optimizations.")
+    p = argparse.ArgumentParser(prog="microscope", description="A change microscope for LLM optimizations.",
+                                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"microscope {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run an ablation config and print its table")
+    run = sub.add_parser("run", help="run an ablation config, print its verdicts, exit by its gate",
+                         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("config", type=Path, help="e.g. ablations/flash_attn.yaml")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                      help="default: the config's device, else auto (cuda when present)")
@@ -29,22 +39,44 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                      help="override config fields, e.g. --set workload.steps=60 dimensions.throughput.rounds=20")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
-    run.add_argument("--reports", type=Path, default=Path("reports"),
-                     help="where the Markdown and HTML reports go (default: reports/)")
+    run.add_argument("--reports", type=Path, default=None,
+                     help="where the Markdown and HTML reports go (default: reports/, or the run's own "
+                          "folder when --out is given)")
+    run.add_argument("--verbose", "-v", action="store_true",
+                     help="also print every variant and case, and every comparison row")
     run.add_argument("--no-report", action="store_true", help="write records only, no reports")
     rep = sub.add_parser("report", help="rebuild the reports of a saved run (nothing is rerun)")
     rep.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")
     rep.add_argument("--format", nargs="+", default=["md", "html"], choices=["md", "html"])
     rep.add_argument("--out", type=Path, default=Path("reports"))
-    cmp = sub.add_parser("compare", help="how run B differs from run A (e.g. main vs a branch)")
-    cmp.add_argument("run_a", type=Path)
-    cmp.add_argument("run_b", type=Path)
+    cmp = sub.add_parser(
+        "compare", help="how side B differs from side A (e.g. main vs a branch), the run as the unit",
+        description="Each side is a run folder, a folder of run folders (repeats), or a config file that "
+                    "is run --repeat times in fresh processes. One run per side can only show a difference "
+                    "larger than the between-run noise, which it cannot know: such rows are inconclusive.",
+        epilog="exit codes: 0 no regression; 1 B regressed against A (slower, more memory, worse, an accuracy "
+               "check that passed in A fails); 2 bad input or sides that measure different things")
+    cmp.add_argument("run_a", type=Path, help="side A: a run folder, a folder of runs, or a config")
+    cmp.add_argument("run_b", type=Path, help="side B: the same kinds")
+    cmp.add_argument("--repeat", type=int, default=None, metavar="N",
+                     help="runs per config side, each in a fresh process (default 3)")
+    cmp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="for config sides")
+    cmp.add_argument("--quick", action="store_true", help="for config sides")
+    cmp.add_argument("--seed", type=int, default=0, help="for config sides (every run uses the same seed)")
+    cmp.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="for config sides")
+    cmp.add_argument("--results", type=Path, default=Path("results"), help="where config sides' runs go")
     cmp.add_argument("--out", type=Path, default=Path("reports"))
-    cmp.add_argument("--force", action="store_true", help="compare even if the runs used different corpora")
+    cmp.add_argument("--force", action="store_true",
+                     help="compare even sides of different plugins, devices, case grids or corpora")
     lst = sub.add_parser("list", help="list plugins, their variants and cases")
     lst.add_argument("--plugins", nargs="*", default=[], help="extra plugin files or modules to load")
     val = sub.add_parser("validate", help="check configs without running anything")
     val.add_argument("configs", nargs="+", type=Path)
+    tb = sub.add_parser("tensorboard", help="serve a run's TensorBoard logs: graphs, diff graphs, histograms")
+    tb.add_argument("results_dir", type=Path, help="a run folder (its tensorboard/), or a folder of runs")
+    tb.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    tb.add_argument("--port", type=int, default=6006)
+    history_command.add_arguments(sub)
     return p
 
 
@@ -54,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:  # logs and CI: keep table rows on one line each
         console = Console(width=220)
     err = Console(stderr=True, soft_wrap=True)  # never wrap a file:line message across lines
+    if args.command == "tensorboard":
+        from microscope.instrument.tb_launch import main as serve_tensorboard
+
+        return serve_tensorboard(args.results_dir, host=args.host, port=args.port)
+    if args.command == "history":
+        return history_command.main(args, console, err)
     from microscope import commands  # imported late: the device must be chosen before plugins load
 
     try:
@@ -68,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             return commands.compare(args, console)
     except commands.UserError as exc:
-        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        # the message is printed as text: a name or value in it may look like rich markup ("[/]")
+        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)
         return commands.EXIT_BAD_INPUT
     return commands.EXIT_OK
 

@@ -7,11 +7,14 @@ then are plugins imported (``@triton.jit`` reads the switch at import time).
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from microscope import config as cfgmod
 from microscope import device as devmod
@@ -19,6 +22,7 @@ from microscope import registry
 from microscope.api import RegistrationError
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_RESULTS, DEFAULT_REPORTS = Path("results"), Path("reports")
 
 
 class UserError(Exception):
@@ -26,35 +30,50 @@ class UserError(Exception):
 
 
 def _requested_device(path: Path, cli_device: str | None) -> str:
+    """``--device``, else the config's own ``device:``, else ``auto`` (read with the config's bounded reader)."""
     if cli_device:
         return cli_device
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        raw, _ = cfgmod.read_yaml(cfgmod.read_config_text(path), str(path))
+    except cfgmod.ConfigError:
         return "auto"  # the full load below reports the problem with its line
     value = raw.get("device", "auto") if isinstance(raw, dict) else "auto"
     return value if value in ("auto", "cpu", "cuda") else "auto"
 
 
+def _problems(path: Path, problems: list[str]) -> str:
+    return f"{len(problems)} problem(s) in {path}:\n  " + "\n  ".join(problems)
+
+
 def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = None):
-    """Config + plugin, fully validated before anything runs."""
+    """Config + plugin, fully validated before anything runs; any problem is a ``UserError``.
+
+    Each ``plugins:`` entry is imported on its own, so a broken one is cited at its own line.
+    """
     try:
         config = cfgmod.load(path, device=device, quick=quick, overrides=overrides)
+    except cfgmod.ConfigError as exc:
+        raise UserError(_problems(path, exc.problems)) from exc
+    cited = "plugin"  # the field a plugin problem is reported at
+    try:
+        registry.discover()
+        for i, source in enumerate(config.plugins):
+            cited = f"plugins[{i}]"
+            registry.load_plugin_source(source, path.parent)
+        cited = "plugin"
         plugin = registry.get(config.plugin, config.plugins, base_dir=path.parent)
+    except (registry.PluginError, RegistrationError) as exc:
+        raise UserError(_problems(path, [config.problem(cited, str(exc))])) from exc
+    try:
         cfgmod.check_against_plugin(config, plugin)
     except cfgmod.ConfigError as exc:
-        raise UserError(f"{len(exc.problems)} problem(s) in {path}:\n  " + "\n  ".join(exc.problems)) from exc
-    except (registry.PluginError, RegistrationError) as exc:
-        where = config.where("plugin") if "config" in locals() else str(path)
-        raise UserError(f"{where}: {exc}") from exc
+        raise UserError(_problems(path, exc.problems)) from exc
     return config, plugin
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from microscope.model_runner import ModelRunner
-    from microscope.report.console import skipped_summary, summary_table
-    from microscope.report.model_console import model_summary_table
-    from microscope.runner import INTERPRETER_NOTE, Runner
+    from microscope.runner import Runner
 
     try:
         device = devmod.resolve(_requested_device(args.config, args.device))
@@ -69,10 +88,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         overrides["seed"] = args.seed
     config, plugin = load_checked(args.config, device, args.quick, overrides)
     text = args.config.read_text(encoding="utf-8")
-    console.print(f"[bold]microscope[/] {plugin.name} on [bold]{device}[/] ({devmod.device_name(device)})"
-                  f"{' --quick' if args.quick else ''}, seed {config.seed}")
-    if interpreted:
-        console.print(f"[yellow]note:[/] {INTERPRETER_NOTE}.")
+    console.print(Text.assemble(("microscope ", "bold"), f"{plugin.name} on ", (device, "bold"),
+                                f" ({devmod.device_name(device)}){' --quick' if args.quick else ''}, "
+                                f"seed {config.seed}"))
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True) as progress:
         model_level = cfgmod.effective_level(config, plugin) == "model"
@@ -90,17 +108,79 @@ def run(args: argparse.Namespace, console: Console) -> int:
         (runner.out_dir).mkdir(parents=True, exist_ok=True)
         (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
         result = runner.run()
+    _save_comparison(result.out_dir, config.stats)
+    return finish_run(result.out_dir, config, console, verbose=args.verbose, seconds=result.seconds,
+                      reports=None if args.no_report else _reports_dir(args, result.out_dir))
+
+
+def _reports_dir(args: argparse.Namespace, run_dir: Path) -> Path:
+    """``--reports`` if given; else the run's own folder when ``--out`` moved the results; else reports/."""
+    if args.reports is not None:
+        return args.reports
+    return run_dir if args.out != DEFAULT_RESULTS else DEFAULT_REPORTS
+
+
+def finish_run(run_dir: Path, config: cfgmod.RunConfig, console: Console, *, verbose: bool = False,
+               seconds: float | None = None, reports: Path | None = None) -> int:
+    """Print a finished run (verdicts, notable rows, gate), write its reports; return the gate's exit code."""
+    from microscope import gate as gatemod
+    from microscope.report.load import load_run
+    from microscope.report.verdict_console import print_verdicts
+
+    data = load_run(run_dir)
+    if verbose:
+        _print_full_tables(data, console)
+    note = interpreter_note(data.records)
+    if note:
+        console.print(Text(f"note: {note}", style="yellow"))
+    gate = gatemod.evaluate(data.comparison, data.records, config.gate)
+    print_verdicts(console, data, gate)
+    failed = int((data.records["status"] == "failed").sum()) if len(data.records) else 0
+    took = f" ({seconds:.1f} s)" if seconds is not None else ""
+    console.print(Text(f"{len(data.records)} records in {run_dir / 'records.jsonl'}{took}; "
+                       f"{failed} failed trial record(s)."))
+    if reports is not None:
+        _write_reports(run_dir, ("md", "html"), reports, console)
+    return gate.exit_code
+
+
+def interpreter_note(records) -> str:  # noqa: ANN001 - a records DataFrame
+    """The interpreter warning, only when a variant that needs Triton actually ran through it."""
+    from microscope.runner import INTERPRETER_NOTE
+
+    if not len(records) or "details.notes" not in records.columns:
+        return ""
+    ran = records[(records["status"] == "ok") & records["details.notes"].map(
+        lambda n: isinstance(n, list) and INTERPRETER_NOTE in n)]
+    if not len(ran):
+        return ""
+    return f"{INTERPRETER_NOTE} ({', '.join(dict.fromkeys(ran['variant'].astype(str)))})."
+
+
+def _print_full_tables(data, console: Console) -> None:  # noqa: ANN001 - a RunData
+    """``--verbose``: every variant and case, then every comparison row."""
+    from microscope import stats
+    from microscope.report.console import skipped_summary, summary_table
+    from microscope.report.model_console import model_summary_table
+    from microscope.store.records import Record
+
+    fields = set(Record.__dataclass_fields__)
+    records = [Record(**{k: v for k, v in row.items() if k in fields})
+               for row in read_records_lenient(data.path / "records.jsonl")]
+    model_level = bool(len(data.records)) and data.records["dimension"].isin(["stability"]).any()
     summary = model_summary_table if model_level else summary_table
-    console.print(summary(result.records, title=f"{plugin.name}: {result.run_id}"))
-    for line in skipped_summary(result.records):
-        console.print(f"[dim]skipped[/] {line}", highlight=False)
-    _print_comparison(result, config, console)
-    failed = result.failed
-    console.print(f"{len(result.records)} records in {result.out_dir / 'records.jsonl'} "
-                  f"({result.seconds:.1f} s); {len(failed)} failed trial record(s).")
-    if not args.no_report:
-        _write_reports(result.out_dir, ("md", "html"), args.reports, console)
-    return EXIT_FAILED_TRIALS if failed else EXIT_OK
+    console.print(summary(records, title=f"{data.run_id}"))
+    for line in skipped_summary(records):
+        console.print(Text(f"skipped {line}", style="dim"))
+    if data.comparison is not None:
+        stats.print_table(data.comparison, console=console)
+
+
+def read_records_lenient(path: Path) -> list[dict]:
+    """The records of a run as dicts, lines that are not JSON records left out (a killed run's last line)."""
+    from microscope.report.load import read_record_lines
+
+    return read_record_lines(path)[0]
 
 
 def _write_reports(results_dir: Path, formats, out: Path, console: Console) -> None:  # noqa: ANN001
@@ -116,16 +196,34 @@ def _write_reports(results_dir: Path, formats, out: Path, console: Console) -> N
 
 
 def report(args: argparse.Namespace, console: Console) -> int:
-    if not args.results_dir.is_dir():
-        raise UserError(f"{args.results_dir}: no such results folder (expected results/<run-id>/)")
-    _complete_statistics(args.results_dir, console)
-    _write_reports(args.results_dir, args.format, args.out, console)
+    """Rebuild the reports of a saved run; a missing folder or an unwritable ``--out`` is a ``UserError``."""
+    folder = args.results_dir
+    try:
+        is_dir = folder.is_dir()
+    except (OSError, ValueError):  # a path too long for the system, a NUL in it
+        is_dir = False
+    if not is_dir:
+        raise UserError(f"{folder}: no such results folder (expected results/<run-id>/ holding records.jsonl)")
+    _complete_statistics(folder, console)
+    try:
+        _write_reports(folder, args.format, args.out, console)
+    except OSError as exc:
+        raise UserError(f"{exc.filename or folder}: cannot read or write the report ({exc.strerror or exc}); "
+                        "check the path and its permissions") from exc
     return EXIT_OK
 
 
 def _complete_statistics(folder: Path, console: Console) -> None:
     """A run stopped before its statistics (killed by a time limit, say) still holds every complete
-    record: compute and save the comparison table it did not get to, so the report has its verdicts."""
+    record: compute and save the comparison table it did not get to, so the report has its verdicts.
+
+    A damaged records file (a bad line in the middle) gets a note instead: the report still shows
+    every record it can read, without verdicts.
+    """
+    import warnings
+
+    from microscope.store.records import RecordsError, read_records
+
     records = folder / "records.jsonl"
     if not records.is_file() or any((folder / f"comparison.{ext}").is_file() for ext in ("csv", "parquet", "json")):
         return
@@ -133,44 +231,83 @@ def _complete_statistics(folder: Path, console: Console) -> None:
     settings = cfgmod.StatsConfig()
     if config.is_file():
         try:
-            settings = cfgmod.loads(config.read_text(encoding="utf-8"), str(config)).stats
-        except cfgmod.ConfigError:
-            console.print(f"{config}: unreadable; statistics with the default alpha and band", highlight=False)
-    n_records = sum(1 for line in records.read_text(encoding="utf-8").splitlines() if line.strip())
+            settings = cfgmod.load(config).stats
+        except cfgmod.ConfigError as exc:
+            console.print(Text(f"{exc.problems[0]}\n{config}: unreadable; statistics with the default alpha "
+                               "and band"), highlight=False, soft_wrap=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            n_records = sum(1 for _ in read_records(records))
+        except RecordsError as exc:
+            console.print(Text(f"statistics not computed: {exc}. The report shows the records it can read, "
+                               "without verdicts."), highlight=False, soft_wrap=True)
+            return
+    for warning in caught:
+        console.print(Text(f"note: {warning.message}"), highlight=False, soft_wrap=True)
     if n_records:
-        _save_comparison(folder, settings)
-        console.print(f"statistics: the run stopped before its comparison table; computed it now from "
-                      f"{n_records} records", highlight=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the cut last line was noted just above
+            _save_comparison(folder, settings)
+        console.print(Text(f"statistics: the run stopped before its comparison table; computed it now from "
+                           f"{n_records} records"), highlight=False, soft_wrap=True)
 
 
 def compare(args: argparse.Namespace, console: Console) -> int:
+    from microscope.report.compare import compare_gate
     from microscope.report.load import ReportError
     from microscope.report.publish import compare_command
+    from microscope.report.verdict_console import gate_line, print_verdicts
 
+    sides = [_compare_side(path, label, args, console) for path, label in ((args.run_a, "A"), (args.run_b, "B"))]
     try:
-        paths = compare_command(args.run_a, args.run_b, args.out, force=args.force)
+        run, paths = compare_command(sides[0], sides[1], args.out, force=args.force)
     except ReportError as exc:
         raise UserError(str(exc)) from exc
+    console.print(Text(run.title, style="bold"))
+    for note in run.notes[:6]:
+        console.print(Text(f" ! {note}", style="yellow"))
+    print_verdicts(console, run, None)
+    gate = compare_gate(run.comparison)
+    console.print(gate_line(gate))
     for path in paths.values():
-        console.print(f"report: {path}", highlight=False)
-    return EXIT_OK
+        console.print(Text(f"report: {path}"))
+    return gate.exit_code
+
+
+def _compare_side(path: Path, label: str, args: argparse.Namespace, console: Console) -> Path:
+    """A side to compare: a run folder or a folder of runs as given, or a config run ``--repeat`` times,
+    each in a fresh process (the run is the unit: one process is one sample of the between-run noise)."""
+    if path.suffix not in (".yaml", ".yml"):
+        if not path.exists():
+            raise UserError(f"{path}: no such run folder or config")
+        return path
+    if not path.is_file():
+        raise UserError(f"{path}: no such config file")
+    repeat = args.repeat or 3
+    folder = args.results / f"compare-{label}-{new_stamp()}"
+    for i in range(repeat):
+        console.print(Text(f"compare: side {label}, run {i + 1}/{repeat} of {path} (fresh process)", style="dim"))
+        cmd = [sys.executable, "-m", "microscope.cli", "run", str(path), "--out", str(folder), "--no-report",
+               "--no-progress", "--seed", str(args.seed)]
+        cmd += (["--device", args.device] if args.device else []) + (["--quick"] if args.quick else [])
+        cmd += ["--set", *args.set] if args.set else []
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == EXIT_BAD_INPUT:
+            raise UserError(f"{path}: the run refused its config:\n{done.stderr.strip()[-2000:]}")
+    return folder
+
+
+def new_stamp() -> str:
+    """A UTC time stamp for folder names (sortable, no separators a shell cares about)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
 def _save_comparison(folder: Path, settings: cfgmod.StatsConfig):  # noqa: ANN202 - a pandas DataFrame
     """The statistics engine's verdict table of the run in ``folder``, saved next to its records."""
-    from microscope import stats
-    from microscope.store.records import records_frame
+    from microscope.stats.run_table import save_run_table
 
-    table = stats.compare_records(records_frame(folder), alpha=settings.alpha, min_band=settings.min_band)
-    stats.save_table(table, folder)
-    return table
-
-
-def _print_comparison(result, config, console: Console) -> None:  # noqa: ANN001
-    """The statistics engine's verdict table, printed and saved next to the records."""
-    from microscope import stats
-
-    stats.print_table(_save_comparison(result.out_dir, config.stats), console=console)
+    return save_run_table(folder, alpha=settings.alpha, min_band=settings.min_band)
 
 
 def list_plugins(args: argparse.Namespace, console: Console) -> int:
@@ -182,36 +319,50 @@ def list_plugins(args: argparse.Namespace, console: Console) -> int:
     except (registry.PluginError, RegistrationError) as exc:
         raise UserError(str(exc)) from exc
     table = Table(title="microscope plugins", header_style="bold")
-    for col in ("plugin", "variants (role)", "cases", "description"):
+    for col in ("plugin", "variants (role)", "cases", "model-level arms (role)", "description"):
         table.add_column(col, overflow="fold")
     for name, cls in plugins.items():
-        plugin = cls()
-        variants = ", ".join(f"{n} ({v.role.value})" for n, v in plugin.iter_variants())
-        axes: dict[str, list] = {}
-        for case in plugin.cases:
-            for axis, value in case.items:
-                axes.setdefault(axis, [])
-                if value not in axes[axis]:
-                    axes[axis].append(value)
-        cases = f"{len(plugin.cases)}: " + "; ".join(f"{a}={v}" for a, v in axes.items())
         doc = (cls.__doc__ or "").strip().split("\n")[0]
-        table.add_row(name, variants, cases, doc)
+        try:
+            plugin = cls()
+            cases = _case_axes(plugin.cases) if plugin.variants else "-"
+        except Exception as exc:  # a plugin whose constructor raises is listed with the reason
+            table.add_row(name, "-", "-", "-", f"cannot be built: {type(exc).__name__}: {exc}")
+            continue
+        variants = ", ".join(f"{n} ({v.role.value})" for n, v in plugin.iter_variants()) or "-"
+        arms = ", ".join(f"{n} ({a.role.value})" + (" inference only" if a.inference_only else "")
+                         for n, a in plugin.arms.items()) or "-"
+        table.add_row(name, variants, cases, arms, doc)
     console.print(table)
     return EXIT_OK
 
 
+def _case_axes(cases: Any) -> str:
+    """"6: seq=128,1024; dtype=fp32,bf16": the grid's size and each axis's values."""
+    axes: dict[str, list] = {}
+    for case in cases:
+        for axis, value in case.items:
+            axes.setdefault(axis, [])
+            if value not in axes[axis]:
+                axes[axis].append(value)
+    return f"{len(cases)}: " + "; ".join(f"{a}={','.join(map(str, v))}" for a, v in axes.items())
+
+
 def validate(args: argparse.Namespace, console: Console) -> int:
+    """Check every config given, for both devices with and without ``--quick``; a bad one does not stop
+    the rest. Messages are printed as text, never as rich markup (a name may hold ``[/]``)."""
     devmod.prepare(devmod.resolve("auto"))
-    problems = 0
+    bad = 0
     for path in args.configs:
-        for device in ("cpu", "cuda"):
-            try:
-                load_checked(path, device, quick=False)
-                load_checked(path, device, quick=True)
-            except UserError as exc:
-                console.print(f"[red]invalid[/] {exc}", highlight=False, soft_wrap=True)
-                problems += 1
-                break
+        try:
+            for device in ("cpu", "cuda"):
+                for quick in (False, True):
+                    load_checked(path, device, quick=quick)
+        except UserError as exc:
+            console.print(Text.assemble(("invalid", "red"), " ", str(exc)), highlight=False, soft_wrap=True)
+            bad += 1
         else:
-            console.print(f"[green]ok[/] {path}")
-    return EXIT_BAD_INPUT if problems else EXIT_OK
+            console.print(Text.assemble(("ok", "green"), " ", str(path)), highlight=False, soft_wrap=True)
+    if len(args.configs) > 1:
+        console.print(Text(f"{bad} of {len(args.configs)} config(s) invalid"), highlight=False)
+    return EXIT_BAD_INPUT if bad else EXIT_OK

@@ -30,6 +30,7 @@ from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
 from microscope.runner import INTERPRETER_NOTE, RunBase, RunResult, _describe, skip_reason
+from microscope.stats.sequential import SequentialPlan, undecided
 from microscope.store.records import Record, RecordWriter
 
 __all__ = ["ModelRunner", "plan_arms"]
@@ -126,7 +127,12 @@ class ModelRunner(RunBase):
                 else:
                     self._emit_all(seed0, name, arm, "skipped", reason)
             logger = self._observe(active, data)
-            for k in range(workload.seeds):
+            sequential = self._sequential()
+            completed = 0
+            for k in range(sequential.max_seeds if sequential else workload.seeds):
+                if sequential and k >= workload.seeds and self._decided(sequential, k):
+                    break
+                completed = k + 1
                 seeds = TrialSeeds.of(self.config.seed, k)
                 plan = self.plan(first_seed=k == 0)
                 baseline = BaselineRef(keep_weights=any(arm.inference_only for _, arm in active))
@@ -138,16 +144,39 @@ class ModelRunner(RunBase):
                     trial.run()
                     if logger is not None and trial.result is not None:
                         log_training(logger, name, k, trial.result)
+            if sequential:
+                if sequential.seeds_run != completed:  # the budget ran out: the last look
+                    self._decided(sequential, completed)
+                sequential.save(self.out_dir)
             if logger is not None:
                 logger.close()
         self._writer = None
         return self._result(start)
 
+    def _sequential(self) -> SequentialPlan | None:
+        """The sequential plan when ``workload.max_seeds`` allows more seeds than ``workload.seeds``."""
+        workload = self.config.workload
+        if workload.max_seeds is None or workload.max_seeds <= workload.seeds:
+            return None
+        return SequentialPlan(alpha=self.config.stats.alpha, seeds=workload.seeds, max_seeds=workload.max_seeds)
+
+    def _decided(self, plan: SequentialPlan, seeds_run: int) -> bool:
+        """One look: the comparison table of the records so far at the per-look level."""
+        from microscope import stats
+        from microscope.store.records import records_frame
+
+        table = stats.compare_records(records_frame(self.out_dir), alpha=plan.alpha_per_look,
+                                      min_band=self.config.stats.min_band)
+        done = plan.look(table, seeds_run)
+        self.on_progress(f"after {seeds_run} seeds: " + ("every test decided" if done else
+                                                         f"{undecided(table)} undecided"))
+        return done
+
     def _observe(self, active: list[tuple[str, Arm]], data: WorkloadData) -> RunLogger | None:
         """Hooks, op and trace diffs of one step per arm (before training); the TensorBoard logger."""
         icfg = self.config.instrument
         logger = RunLogger(self.out_dir / "tensorboard") if icfg.tensorboard else None
-        if active and (icfg.hooks or icfg.graph_diff or icfg.profile.enabled):
+        if active and icfg.enabled:
             self.on_progress("instruments: one step per arm")
             problems = observe_models(active, self.config.workload, data, TrialSeeds.of(self.config.seed, 0),
                                       self.device, icfg, self.out_dir, logger)

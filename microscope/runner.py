@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -21,11 +22,12 @@ from typing import Any
 import torch
 
 from microscope import env as envmod
-from microscope.api import Ablation, Case, Role, Variant, dtype_name, grid
-from microscope.config import RunConfig
+from microscope.api import Ablation, Case, Role, Tolerance, Variant, dtype_name, grid
+from microscope.config import RunConfig, ThroughputConfig
 from microscope.measures import accuracy, memory, throughput
 from microscope.measures.calls import as_tensors, cotangents, fresh_inputs, make_call, output_names
 from microscope.measures.ceilings import Ceilings
+from microscope.measures.gpu_state import GpuSampler
 from microscope.seeding import derive_seed, generator, seed_everything
 from microscope.store.records import Record, RecordWriter
 
@@ -145,6 +147,9 @@ class Runner(RunBase):
     def _setup(self) -> None:
         self.ceilings: Ceilings | None = None
         self._to_observe: list[tuple[Case, int, list[tuple[str, Variant]]]] = []
+        #: case id -> variant -> output tensor -> the error its timed calls may show (None: not checked)
+        self._accepted: dict[str, dict[str, dict[str, float | None]]] = {}
+        self._gpu = GpuSampler() if self.device == "cuda" else None
         self.tensorboard = None
         if self.config.instrument.tensorboard:
             from microscope.instrument import RunLogger
@@ -240,7 +245,7 @@ class Runner(RunBase):
         if dims.memory.enabled:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
-        if self.config.instrument.profile.enabled or self.config.instrument.graph_diff:
+        if self.config.instrument.profile.enabled or self.config.instrument.dataflow:
             self._to_observe.append((case, seed0, timed))
 
     # -- dimensions ---------------------------------------------------------------------------
@@ -274,6 +279,7 @@ class Runner(RunBase):
                 broken[name] = why
             return broken
         errors: dict[str, dict[str, accuracy.TensorError]] = {}
+        self._accepted.setdefault(case.id, {})
         for name, variant in active:
             try:
                 got = accuracy.evaluate(variant, inputs, grad_names, cots)
@@ -301,35 +307,59 @@ class Runner(RunBase):
                 self._emit(case, seed, name, variant, "accuracy", f"{tensor}.rel_err",
                            err.rel_err if status == "ok" else None, unit="ratio", status=status, reason=reason,
                            passed=bool(err.passed) if status == "ok" else False, details=details)
+                self._note_accepted(case, name, tensor, err, tol, status == "ok" and bool(err.passed))
         return broken
+
+    def _note_accepted(self, case: Case, name: str, tensor: str, err: accuracy.TensorError, tol: Tolerance,
+                       passed: bool) -> None:
+        """The error a timed call of this variant may show on this output: twice what the accuracy
+        check accepted (its limit, or the declared rtol where the baseline broke), so a fresh input
+        set's ordinary spread passes and a stale or constant answer (error near 1) does not."""
+        accepted = self._accepted[case.id].setdefault(name, {})
+        if not passed:
+            accepted[tensor] = None  # already failed: its timed calls are not checked again
+            return
+        if tensor in accepted and accepted[tensor] is None:
+            return
+        limit = err.limit if math.isfinite(err.limit) else max(tol.rtol, err.rel_err)
+        accepted[tensor] = max(accepted.get(tensor) or 0.0, 2.0 * max(limit, err.rel_err))
 
     def _throughput(self, case: Case, seed: int, inputs: dict[str, Any],
                     timed: Sequence[tuple[str, Variant]]) -> None:
         cfg = self.config.dimensions.throughput
         grad_names = self._grad_names(case, cfg.backward)
-        thunks = {}
+        thunks, buffers = {}, {}
         cots = None
         if grad_names:
             _, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
             cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
         for name, variant in timed:
-            x = fresh_inputs(inputs, grad_names if variant.differentiable else ())
-            thunks[name] = make_call(variant, x, grad_names, bool(grad_names), cots)
-        results = throughput.interleaved(thunks, cfg, self.device)
+            buffers[name] = fresh_inputs(inputs, grad_names if variant.differentiable else ())
+            thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
+        rotation = self._rotation(case, seed, inputs, buffers, cfg)
+        results = throughput.interleaved(thunks, cfg, self.device, rotation=rotation,
+                                         gpu_state=self._gpu.sample if self._gpu is not None else None)
         mode = "forward+backward" if grad_names else "forward"
         flops = self.plugin.flops(case, backward=bool(grad_names))
         nbytes = self.plugin.bytes(case, backward=bool(grad_names))
         for name, variant in timed:
             timing = results[name]
+            if timing.checks:
+                self._emit_timed_checks(case, seed, name, variant, timing)
             if timing.error is not None or not timing.rounds:
                 self._emit(case, seed, name, variant, "throughput", "latency_ms", None, status="failed",
                            reason=timing.error or "no timed round completed")
                 continue
-            notes = [INTERPRETER_NOTE] if self.interpreted else []
+            interpreted = self.interpreted and "triton" in variant.needs
+            notes = [INTERPRETER_NOTE] if interpreted else []
             details = {"rounds": timing.rounds, "reps": cfg.reps, "warmup": cfg.warmup, "mode": mode,
                        "timer": "cuda_event" if self.device == "cuda" else "perf_counter",
                        "l2_flush": self.device == "cuda" and cfg.flush_l2, "iqr_rel": timing.iqr_rel,
-                       "n_samples": len(timing.samples), "notes": notes}
+                       "n_samples": len(timing.samples), "input_sets": rotation.n_sets, "notes": notes,
+                       "interpreted": interpreted}
+            if any(timing.gpu):
+                details["gpu_state"] = timing.gpu
+                details["throttled_rounds"] = timing.throttled_rounds
             self._emit(case, seed, name, variant, "throughput", "latency_ms", timing.median_ms, unit="ms",
                        details=details)
             if self.tensorboard is not None:
@@ -345,6 +375,64 @@ class Runner(RunBase):
                     extra["ceiling"] = ceiling
                 self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
                            details=extra)
+
+    def _rotation(self, case: Case, seed: int, inputs: dict[str, Any], buffers: dict[str, dict[str, Any]],
+                  cfg: ThroughputConfig) -> throughput.Rotation:
+        """Seeded input sets copied into each variant's buffers call by call, and the check of timed
+        outputs against each set's float64 reference (only where the accuracy dimension ran)."""
+        sets = [inputs]
+        for k in range(1, cfg.input_sets):
+            extra = self.plugin.inputs(case, generator(derive_seed(seed, "timing", k)), self.device)
+            if not _same_layout(inputs, extra):
+                self.on_progress(f"{case.id}: input sets differ in shape; timing on one set")
+                sets = [inputs]
+                break
+            sets.append(extra)
+
+        def load(name: str, k: int) -> None:
+            with torch.no_grad():
+                for key, dst in buffers[name].items():
+                    if isinstance(dst, torch.Tensor):
+                        dst.copy_(sets[k][key])
+
+        accepted = self._accepted.get(case.id, {})
+        if not cfg.check_rounds or not accepted:
+            return throughput.Rotation(n_sets=len(sets), load=load)
+        truths: dict[int, list[torch.Tensor]] = {}
+
+        def check(name: str, k: int, out: Any) -> str | None:
+            limits = accepted.get(name)
+            if not limits:
+                return None
+            if k not in truths:
+                truths[k] = as_tensors(self.plugin.reference(fresh_inputs(sets[k], (), torch.float64)))
+            outs = as_tensors(out)
+            for tensor, got, truth in zip(output_names(truths[k]), outs, truths[k]):
+                limit = limits.get(tensor)
+                if limit is None:
+                    continue
+                err = accuracy.compare(tensor, got.detach(), truth, self.plugin.tolerance_for(case))
+                if err.reason or err.nonfinite or not err.rel_err <= limit:
+                    shown = err.reason or f"rel err {err.rel_err:.3g} > {limit:.3g}"
+                    return f"{tensor} of a timed call on input set {k}: {shown}"
+            return None
+
+        return throughput.Rotation(n_sets=len(sets), load=load, check=check, check_rounds=cfg.check_rounds)
+
+    def _emit_timed_checks(self, case: Case, seed: int, name: str, variant: Variant,
+                           timing: throughput.Timing) -> None:
+        """One accuracy record per variant: did every checked timed call give the right answer?"""
+        problems = [(r, k, why) for r, k, why in timing.checks if why]
+        details = {"checked": [{"round": r, "input_set": k, "problem": why} for r, k, why in timing.checks],
+                   "tensor": "timed outputs", "dtype": dtype_name(case.dtype)}
+        reason = None
+        if problems:
+            r, _, why = problems[0]
+            reason = (f"{len(problems)} of {len(timing.checks)} checked timed calls gave a wrong answer "
+                      f"(round {r}: {why}); the accuracy check passed on another call, so its timings "
+                      "may not time the work")
+        self._emit(case, seed, name, variant, "accuracy", "timed_calls.ok", float(not problems), unit="bool",
+                   reason=reason, passed=not problems, details=details)
 
     def _observe(self, case: Case, seed: int, inputs: dict[str, Any],
                  timed: Sequence[tuple[str, Variant]]) -> None:
@@ -387,3 +475,21 @@ class Runner(RunBase):
 
 
 _MAIN_METRIC = {"accuracy": "rel_err", "throughput": "latency_ms", "memory": "peak_bytes"}
+
+
+def _same_layout(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two input dicts hold tensors of the same names, shapes and dtypes (and equal non-tensors)."""
+    if a.keys() != b.keys():
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if isinstance(x, torch.Tensor):
+            if not isinstance(y, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
+                return False
+        else:
+            try:
+                if type(x) is not type(y) or bool(x != y):
+                    return False
+            except Exception:  # values without a plain equality (arrays, custom objects)
+                return False
+    return True

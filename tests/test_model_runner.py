@@ -219,7 +219,7 @@ def test_cli_run_picks_the_model_runner_for_a_model_level_config(tmp_path, capsy
     config.write_text("plugin: grad_checkpoint\nlevel: model\nseed: 1\nvariants: [every_1]\n"
                       "dimensions: {throughput: {enabled: false}}\n" + WORKLOAD.replace("seeds: 2", "seeds: 1"))
     code = cli.main(["run", str(config), "--device", "cpu", "--out", str(tmp_path / "out"), "--no-progress",
-                     "--no-report"])
+                     "--no-report", "--verbose"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "final loss" in out and "train peak MiB" in out and "every_1" in out

@@ -41,9 +41,31 @@ def _by(result, **match):
 
 def test_correct_candidate_passes_every_tensor(toy_run):
     acc = _by(toy_run, variant="fused", dimension="accuracy")
-    assert {r.metric for r in acc} == {"out.rel_err", "grad_x.rel_err", "grad_w.rel_err"}
-    assert len(acc) == 3 * 4  # three tensors x four cases
+    assert {r.metric for r in acc} == {"out.rel_err", "grad_x.rel_err", "grad_w.rel_err", "timed_calls.ok"}
+    assert len(acc) == 4 * 4  # three tensors and the timed-call check x four cases
     assert all(r.status == "ok" and r.passed for r in acc), [r.reason for r in acc if not r.passed]
+    checks = _by(toy_run, variant="fused", metric="timed_calls.ok")[0].details["checked"]
+    assert [c["round"] for c in checks] == [0, 1, 2] and all(c["problem"] is None for c in checks)
+
+
+@pytest.mark.parametrize("cheat", ["memo", "pointer_cache"])
+def test_a_variant_that_returns_stale_answers_when_timed_fails(toy_run, cheat):
+    """Its first call (the accuracy check) is right; timed calls see rotating input contents in the same
+    buffers, so a memoized or pointer-cached answer is caught and its speed is not judged."""
+    first = _by(toy_run, variant=cheat, metric="out.rel_err")
+    assert first and all(r.passed for r in first)
+    timed = _by(toy_run, variant=cheat, metric="timed_calls.ok")
+    assert len(timed) == 4 and all(r.passed is False and "wrong answer" in r.reason for r in timed)
+    latency = _by(toy_run, variant=cheat, metric="latency_ms")
+    assert latency and all(r.status == "ok" for r in latency)  # the numbers stay in the records
+
+    from microscope import stats
+    from microscope.store.records import records_frame
+
+    table = stats.compare_records(records_frame(toy_run.out_dir))
+    speed = table[(table["candidate"] == cheat) & (table["dimension"].isin(["throughput", "memory"]))]
+    assert len(speed) and set(speed["verdict"]) == {"not judged"}
+    assert speed["notes"].str.startswith("not judged: fails accuracy (timed_calls.ok").all()
 
 
 def test_all_zeros_output_fails_accuracy(toy_run):

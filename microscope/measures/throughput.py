@@ -9,6 +9,10 @@ region) so that a kernel is not flattered by inputs left in cache by its previou
 ~1 ms of queued GPU work ahead of the start event so that host-side launch latency is not counted.
 CPU: ``time.perf_counter``. Under the Triton interpreter the figures describe the interpreter, not the
 kernel: records say so and reports mark them as not representative.
+
+Timed calls are held to the answer the accuracy dimension checked: their inputs rotate over several
+seeded sets (copied into fixed buffers outside the timed region), and the output of the last call of
+a few rounds is checked against the float64 reference of its own input set (``Rotation``).
 """
 
 from __future__ import annotations
@@ -34,11 +38,15 @@ LAUNCH_COVER_CYCLES = 2_000_000
 
 @dataclass
 class Timing:
-    """Latency samples of one variant (milliseconds)."""
+    """Latency samples of one variant (milliseconds), and what was checked while it was timed."""
 
     rounds: list[float] = field(default_factory=list)  # per-round medians, in round order
     samples: list[float] = field(default_factory=list)  # every timed call
     error: str | None = None
+    #: (round, input set, problem or None) of every timed call whose output was checked
+    checks: list[tuple[int, int, str | None]] = field(default_factory=list)
+    #: GPU state read after each round (None where NVML does not answer)
+    gpu: list[dict[str, Any] | None] = field(default_factory=list)
 
     @property
     def median_ms(self) -> float:
@@ -53,6 +61,11 @@ class Timing:
         med = statistics.median(self.samples)
         return (q[2] - q[0]) / med if med > 0 else 0.0
 
+    @property
+    def throttled_rounds(self) -> list[int]:
+        """Rounds after which the GPU reported a slowdown reason (power cap, thermal, ...)."""
+        return [r for r, state in enumerate(self.gpu) if state and state.get("throttle")]
+
 
 class Timer:
     """Times one call of a thunk, in milliseconds, the right way for the device."""
@@ -66,11 +79,12 @@ class Timer:
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
 
-    def __call__(self, thunk: Callable[[], Any]) -> float:
+    def __call__(self, thunk: Callable[[], Any]) -> tuple[float, Any]:
+        """(milliseconds, the call's return value)."""
         if self.device != "cuda":
             t0 = time.perf_counter()
-            thunk()
-            return (time.perf_counter() - t0) * 1e3
+            out = thunk()
+            return (time.perf_counter() - t0) * 1e3, out
         if self._flush is not None:
             self._flush.zero_()
         if hasattr(torch.cuda, "_sleep"):
@@ -79,10 +93,36 @@ class Timer:
             # GPU time: with one synchronisation per call nothing else hides it.
             torch.cuda._sleep(LAUNCH_COVER_CYCLES)
         self._start.record()
-        thunk()
+        out = thunk()
         self._end.record()
         self._end.synchronize()
-        return self._start.elapsed_time(self._end)
+        return self._start.elapsed_time(self._end), out
+
+
+@dataclass
+class Rotation:
+    """Which input set each timed call sees, and the hooks that load and check it.
+
+    ``load(name, k)`` copies input set ``k`` into the buffers variant ``name`` is called on (outside
+    the timed region): the buffers keep their addresses while their contents change from call to
+    call, so a variant that memoizes its first result, or skips work when it sees the same input
+    pointers again, returns a stale answer. ``check(name, k, output)`` returns None when ``output`` is
+    right for input set ``k``, else why not; it runs on the last call of ``check_rounds`` rounds.
+    """
+
+    n_sets: int = 1
+    load: Callable[[str, int], None] | None = None
+    check: Callable[[str, int, Any], str | None] | None = None
+    check_rounds: int = 0
+
+    def rounds_to_check(self, rounds: int) -> set[int]:
+        """Evenly spread rounds, always including the last one."""
+        n = min(self.check_rounds, rounds) if self.check is not None else 0
+        if n <= 0:
+            return set()
+        if n == 1:
+            return {rounds - 1}
+        return {round(i * (rounds - 1) / (n - 1)) for i in range(n)}
 
 
 def interleaved(
@@ -90,35 +130,56 @@ def interleaved(
     cfg: ThroughputConfig,
     device: str,
     on_round: Callable[[int], None] | None = None,
+    rotation: Rotation | None = None,
+    gpu_state: Callable[[], dict[str, Any] | None] | None = None,
 ) -> dict[str, Timing]:
     """Warm every variant up, then time all of them in interleaved rounds.
 
-    A variant that raises (during warm-up or a round) keeps its error and drops out of later rounds;
-    the others go on.
+    Call ``i`` of a round sees input set ``(round * reps + i) % n_sets`` for every variant, so the
+    variants of a round stay paired. A variant that raises (during warm-up or a round) keeps its
+    error and drops out of later rounds; the others go on.
     """
+    rot = rotation or Rotation()
     timer = Timer(device, cfg.flush_l2)
     results = {name: Timing() for name in thunks}
+
+    def load(name: str, k: int) -> None:
+        if rot.load is not None and rot.n_sets > 1:
+            rot.load(name, k)
+
     for name, thunk in thunks.items():
         try:
-            for _ in range(cfg.warmup):
+            for i in range(cfg.warmup):
+                load(name, i % rot.n_sets)
                 thunk()
             if device == "cuda":
                 torch.cuda.synchronize()
         except Exception as exc:  # recorded as a failed trial by the runner
             results[name].error = f"{type(exc).__name__}: {exc}"
     order = [n for n in thunks if results[n].error is None]
+    checked = rot.rounds_to_check(cfg.rounds)
     for r in range(cfg.rounds):
         for name in order if r % 2 == 0 else reversed(order):
             timing = results[name]
             if timing.error is not None:
                 continue
+            calls: list[float] = []
             try:
-                calls = [timer(thunks[name]) for _ in range(cfg.reps)]
+                for i in range(cfg.reps):
+                    k = (r * cfg.reps + i) % rot.n_sets
+                    load(name, k)
+                    ms, out = timer(thunks[name])
+                    calls.append(ms)
+                if r in checked and rot.check is not None:
+                    timing.checks.append((r, k, rot.check(name, k, out)))
             except Exception as exc:
                 timing.error = f"{type(exc).__name__}: {exc}"
                 continue
             timing.samples.extend(calls)
             timing.rounds.append(statistics.median(calls))
+        state = gpu_state() if gpu_state is not None else None
+        for name in order:
+            results[name].gpu.append(state)
         if on_round is not None:
             on_round(r)
     return results

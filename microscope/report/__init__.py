@@ -3,9 +3,9 @@
 Public API (the CLI's ``report`` and ``compare`` commands)::
 
     write_reports(results_dir, out_dir=Path("reports"), formats=("md", "html")) -> {"md": path, ...}
-    compare_runs(run_a, run_b, *, alpha=None, min_band=None, force=False) -> RunData
+    compare_runs(side_a, side_b, *, alpha=None, min_band=None, force=False) -> RunData (run as the unit)
     report_command(results_dir, formats, out) -> {"md": path, "html": path}
-    compare_command(run_a, run_b, out, force) -> {"md": path, "html": path, "csv": path}
+    compare_command(side_a, side_b, out, force) -> (RunData, {"md": path, "html": path, "csv": path})
     load_run(results_dir) -> RunData;  render_markdown(run) -> str;  render_html(run) -> str
 
 ``ReportError`` (and its subclass ``CompareError``) are user errors: print the message, no traceback.

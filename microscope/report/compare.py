@@ -1,24 +1,23 @@
-"""``microscope compare RUN_A RUN_B``: what changed between two runs (say main and a branch).
+"""``microscope compare A B``: how side B differs from side A, with the run as the unit.
 
-For every plugin/variant/case/metric measured in both runs, B is compared with A: latency with the
-same statistics as within a run (the statistics engine's ``compare_latency`` on the per-round
-medians, unpaired because round r of one run has nothing to do with round r of the other; a
-Mann-Whitney U with a bootstrap CI of the ratio of medians when the engine is not importable),
-accuracy as B's pass/fail with the ratio of worst errors, peak memory as less/more/same against the
-band, anything else as higher/lower/same when both runs hold several values. TFLOP/s and GB/s are
-left out: they are the plugin's FLOP/byte counts divided by the latency, so they would repeat the
-latency verdict.
+A side is one run folder (``results/<run-id>``), a folder of run folders (repeats of one config, e.g.
+made by ``compare --repeat``), or a list of run folders. For every plugin/variant/case/metric measured
+on both sides, each run contributes one run-level value (its median latency, its peak memory, its mean
+over seeds), and ``microscope.stats.between_runs`` compares the two samples with the between-run noise:
+never the rounds of one process against the rounds of another, which are not paired. With one run per
+side the noise is unknown unless the history store knows it for this machine, so such rows say
+"inconclusive" and how to get a verdict (``--repeat``). Accuracy checks compare B's pass/fail with A's;
+TFLOP/s and GB/s are left out (they restate the latency).
 
-The result is a ``RunData`` whose comparison rows read "triton (B)" vs "triton (A)" and whose records
-are both runs' records with the variants renamed that way, so the ordinary Markdown and HTML writers
-render it. Runs on different corpora are refused (their numbers are not comparable) unless forced;
-different devices, library versions or configs are compared with a warning.
+Runs of different plugins, devices, case grids or corpora are refused (``CompareError``, exit 2) unless
+``force``: their numbers do not measure the same thing. The result is a ``RunData`` whose rows read
+"triton (B)" vs "triton (A)", rendered by the ordinary Markdown and HTML writers.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from microscope.gate import EXIT_FAILED, EXIT_OK, GateResult
+from microscope.stats.between_runs import compare_between_runs
+from microscope.stats.multiple import holm as engine_holm
+from microscope.stats.table import NOT_JUDGED, higher_is_better, incorrect_variants
+
 from . import fmt
 from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison
 
@@ -34,175 +38,150 @@ DEFAULT_ALPHA, DEFAULT_MIN_BAND = 0.05, 0.01
 DERIVED_METRICS = ("tflops", "gbps")
 ENV_KEYS_WARNED = ("device_name", "python", "torch", "triton", "cuda", "capability", "interpreter",
                    "config_hash")
-N_BOOT = 2_000
+#: Verdicts of B against A that a CI job should fail on (peers excepted: they are not our code).
+REGRESSIONS = ("slower", "more", "worse")
+
+__all__ = ["CompareError", "compare_gate", "compare_runs", "compare_sides", "load_side"]
 
 
 class CompareError(ReportError):
-    """Two runs that must not be compared (different corpora) without ``force=True``."""
+    """Two sides that must not be compared (different plugins, devices, cases or corpora) without ``force``."""
 
 
 @dataclass
 class Measured:
-    """One (plugin, variant, case, dimension, metric) of one run, over its seeds."""
+    """One (plugin, variant, case, dimension, metric) on one side: one value per run."""
 
     role: str = ""
     values: list[float] = field(default_factory=list)
-    rounds: list[float] = field(default_factory=list)
     passed: list[bool] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    higher_is_better: bool | None = None
 
 
 def tag(variant: str, label: str) -> str:
     return f"{variant} ({label})"
 
 
-def _measurements(records: pd.DataFrame) -> dict[tuple[str, ...], Measured]:
+def load_side(path: Path) -> list[RunData]:
+    """The runs of one side: a run folder, or a folder whose sub-folders are runs."""
+    path = Path(path)
+    if (path / "records.jsonl").is_file() or path.name == "records.jsonl":
+        return [load_run(path)]
+    runs = sorted(p for p in path.iterdir() if (p / "records.jsonl").is_file()) if path.is_dir() else []
+    if not runs:
+        raise ReportError(f"{path}: neither a run folder (with records.jsonl) nor a folder of run folders")
+    return [load_run(p) for p in runs]
+
+
+def _run_values(run: RunData) -> dict[tuple[str, ...], Measured]:
+    """One value per measurement of one run (median over seeds/records), its pass flags and failures."""
     out: dict[tuple[str, ...], Measured] = {}
-    if not len(records):
+    rec = run.records
+    if not len(rec):
         return out
-    has_rounds = "details.rounds" in records.columns
-    for r in records.to_dict("records"):
-        if r["metric"] in DERIVED_METRICS:
+    for key, grp in rec.groupby(["plugin", "variant", "case_id", "dimension", "metric"], sort=False):
+        if key[4] in DERIVED_METRICS:
             continue
-        key = (r["plugin"], r["variant"], r["case_id"], r["dimension"], r["metric"])
-        m = out.setdefault(key, Measured(role=str(r["role"])))
-        if r["status"] == "failed":
-            m.failed.append(str(r.get("reason") or "no reason recorded"))
-        elif r["status"] == "skipped":
-            m.skipped.append(str(r.get("reason") or "no reason recorded"))
-        else:
-            value = fmt.finite(r["value"])
-            if value is not None:
-                m.values.append(value)
-            if has_rounds and isinstance(r.get("details.rounds"), list) and not m.rounds:
-                m.rounds = [x for x in (fmt.finite(v) for v in r["details.rounds"]) if x is not None]
-            if isinstance(r.get("passed"), bool):
-                m.passed.append(r["passed"])
+        m = out.setdefault(tuple(str(k) for k in key), Measured(role=str(grp["role"].iloc[0])))
+        ok = grp[grp["status"] == "ok"]
+        m.failed += [str(r or "no reason recorded") for r in grp.loc[grp["status"] == "failed", "reason"]]
+        m.skipped += [str(r or "no reason recorded") for r in grp.loc[grp["status"] == "skipped", "reason"]]
+        values = pd.to_numeric(ok["value"], errors="coerce").dropna()
+        if len(values):
+            m.values.append(float(values.mean()) if key[3] in ("accuracy", "stability", "generalization")
+                            else float(values.median()))
+        m.passed += [bool(v) for v in ok["passed"] if isinstance(v, (bool, np.bool_))]
+        if "details.higher_is_better" in grp.columns:
+            hib = grp["details.higher_is_better"].dropna()
+            if len(hib):
+                m.higher_is_better = bool(hib.iloc[0])
     return out
 
 
-def engine_compare_latency() -> Callable[..., Any] | None:
-    """The statistics engine's ``compare_latency`` if it is importable, else None (use the fallback)."""
-    try:
-        from microscope import stats
-    except ImportError:
-        return None
-    fn = getattr(stats, "compare_latency", None)
-    if fn is None:
-        try:
-            from microscope.stats import latency
-
-            fn = getattr(latency, "compare_latency", None)
-        except ImportError:
-            return None
-    return fn if callable(fn) else None
+def _side_values(side: Sequence[RunData]) -> dict[tuple[str, ...], Measured]:
+    merged: dict[tuple[str, ...], Measured] = {}
+    for run in side:
+        for key, m in _run_values(run).items():
+            into = merged.setdefault(key, Measured(role=m.role, higher_is_better=m.higher_is_better))
+            into.values += m.values
+            into.passed += m.passed
+            into.failed += m.failed
+            into.skipped += m.skipped
+    return merged
 
 
-def fallback_latency(base: list[float], cand: list[float], alpha: float, min_band: float) -> dict[str, Any]:
-    """Mann-Whitney U on the round medians, ratio of medians with a seeded bootstrap CI, band = min_band."""
-    from scipy.stats import mannwhitneyu
-
-    b, c = np.asarray(base, float), np.asarray(cand, float)
-    b, c = b[np.isfinite(b) & (b > 0)], c[np.isfinite(c) & (c > 0)]
-    nan = float("nan")
-    out: dict[str, Any] = {
-        "base_median": float(np.median(b)) if b.size else nan, "cand_median": float(np.median(c)) if c.size else nan,
-        "n_base": int(b.size), "n_cand": int(c.size),
-        "notes": ["fallback statistics: Mann-Whitney U, band = min_band (no A/A estimate)"]}
-    if b.size < 2 or c.size < 2:
-        out.update(verdict="inconclusive", effect=out["cand_median"] / out["base_median"] if b.size and c.size
-                   else nan, ci_low=nan, ci_high=nan, p=nan)
-        out["notes"].append("too few rounds to compare (need >= 2 per run)")
-        return out
-    rng = np.random.default_rng(0)
-    reps = np.median(rng.choice(c, (N_BOOT, c.size)), axis=1) / np.median(rng.choice(b, (N_BOOT, b.size)), axis=1)
-    lo, hi = (float(x) for x in np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)]))
-    p = float(mannwhitneyu(c, b, alternative="two-sided").pvalue)
-    if p < alpha and hi < 1 - min_band:
-        verdict = "faster"
-    elif p < alpha and lo > 1 + min_band:
-        verdict = "slower"
-    elif 1 - min_band < lo and hi < 1 + min_band:
-        verdict = "equivalent"
-    else:
-        verdict = "inconclusive"
-    out.update(verdict=verdict, effect=out["cand_median"] / out["base_median"], ci_low=lo, ci_high=hi, p=p)
-    return out
-
-
-def _engine_latency(fn: Callable[..., Any], base: list[float], cand: list[float], alpha: float,
-                    min_band: float) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"alpha": alpha, "min_band": min_band}
-    if "paired" in inspect.signature(fn).parameters:
-        kwargs["paired"] = False  # rounds of two different runs are not paired
-    res = fn(base, cand, **kwargs)
-    get = res.get if isinstance(res, dict) else (lambda k, d=None: getattr(res, k, d))
-    return {"verdict": get("verdict", "inconclusive"), "effect": get("effect", get("ratio")),
-            "ci_low": get("ci_low"), "ci_high": get("ci_high"), "p": get("p"),
-            "base_median": get("base_median"), "cand_median": get("cand_median"),
-            "n_base": get("n_base", len(base)), "n_cand": get("n_cand", len(cand)),
-            "notes": list(get("notes", ()) or ())}
+def _missing_row(row: dict[str, Any], a: Measured, b: Measured) -> dict[str, Any]:
+    why = [f"{lbl}: {m.failed[0] if m.failed else (m.skipped[0] if m.skipped else 'no value')}"
+           for lbl, m in (("A", a), ("B", b)) if not m.values]
+    failed = (not a.values and a.failed) or (not b.values and b.failed)
+    return row | {"verdict": "failed" if failed else "skipped", "notes": "; ".join(why)}
 
 
 def _row(key: tuple[str, ...], a: Measured, b: Measured, alpha: float, min_band: float,
-         latency_fn: Callable[..., Any] | None) -> dict[str, Any]:
+         history_sigma: dict[tuple[str, ...], float]) -> dict[str, Any]:
     plugin, variant, case, dim, metric = key
     row: dict[str, Any] = {"plugin": plugin, "case_id": case, "dimension": dim, "metric": metric,
-                           "baseline": tag(variant, "A"), "candidate": tag(variant, "B"),
-                           "role": b.role or a.role}
+                           "baseline": tag(variant, "A"), "candidate": tag(variant, "B"), "role": b.role or a.role,
+                           "vs": "baseline", "gated": (b.role or a.role) != "peer"}
     if not a.values or not b.values:
-        why = [f"{lbl}: {m.failed[0] if m.failed else (m.skipped[0] if m.skipped else 'no value')}"
-               for lbl, m in (("A", a), ("B", b)) if not m.values]
-        failed = (not a.values and a.failed) or (not b.values and b.failed)
-        return row | {"verdict": "failed" if failed else "skipped", "notes": "; ".join(why)}
-    va, vb = (max(a.values), max(b.values)) if dim in ("accuracy", "memory") else (
-        float(np.mean(a.values)), float(np.mean(b.values)))
-    ratio = vb / va if va else float("nan")
-    row |= {"baseline_value": va, "candidate_value": vb, "ratio_or_delta": ratio, "n": min(len(a.values),
-                                                                                             len(b.values))}
-    if a.rounds and b.rounds and (dim == "throughput" or fmt.is_time_metric(metric)):
-        res = (_engine_latency(latency_fn, a.rounds, b.rounds, alpha, min_band) if latency_fn
-               else fallback_latency(a.rounds, b.rounds, alpha, min_band))
-        return row | {"baseline_value": res["base_median"], "candidate_value": res["cand_median"],
-                      "ratio_or_delta": res["effect"], "ci_low": res["ci_low"], "ci_high": res["ci_high"],
-                      "p": res["p"], "verdict": res["verdict"], "n": min(res["n_base"], res["n_cand"]),
-                      "notes": "; ".join(map(str, res["notes"]))}
+        return _missing_row(row, a, b)
+    va, vb = float(np.median(a.values)), float(np.median(b.values))
+    row |= {"baseline_value": va, "candidate_value": vb, "n": min(len(a.values), len(b.values))}
     if dim == "accuracy" and (a.passed or b.passed):
         verdict = "pass" if b.passed and all(b.passed) else "fail"
         was = "passed" if a.passed and all(a.passed) else "failed"
         note = f"A {was}" + ("; regression: passed in A" if verdict == "fail" and was == "passed" else "")
-        return row | {"verdict": verdict, "notes": note}
-    if dim == "memory":
-        verdict = "same" if abs(ratio - 1) <= min_band else ("less" if ratio < 1 else "more")
-        return row | {"verdict": verdict, "notes": f"peak over seeds; band +-{min_band:.0%}"}
-    if len(a.values) >= 2 and len(b.values) >= 2:
-        from scipy.stats import mannwhitneyu
+        return row | {"verdict": verdict, "ratio_or_delta": vb / va if va else math.nan, "notes": note}
+    time_like = dim == "throughput" and fmt.is_time_metric(metric)
+    log = time_like or dim == "memory" or metric.endswith("bytes") or fmt.is_rate_metric(metric)
+    res = compare_between_runs(a.values, b.values, alpha=alpha, min_band=min_band, log=log,
+                               history_sigma=history_sigma.get(key))
+    verdict = res.verdict
+    if dim == "memory" or metric.endswith("bytes"):
+        verdict = {"faster": "less", "slower": "more", "equivalent": "same", "identical": "same"}.get(verdict, verdict)
+    elif log and not time_like:  # a rate: B / A above 1 is higher
+        verdict = {"faster": "lower", "slower": "higher"}.get(verdict, verdict)
+    if verdict in ("higher", "lower") and not time_like:
+        hib = b.higher_is_better if b.higher_is_better is not None else higher_is_better(metric)
+        direction_known = b.higher_is_better is not None or hib or any(
+            h in metric.lower() for h in ("loss", "err", "ppl", "perplex", "nan", "spike", "bytes"))
+        if direction_known:
+            verdict = "better" if (verdict == "higher") == hib else "worse"
+    effect = "ratio B/A of geometric means" if log else "difference B - A of means"
+    noise = {"repeats": "between-run noise from the repeats", "history": "between-run noise from the history",
+             "none": "between-run noise unknown"}[res.noise_source]
+    notes = [f"{effect} over {res.n_a} vs {res.n_b} run(s); {noise}"
+             + (f"; band +-{res.tau:.1%}" if log and math.isfinite(res.tau) else "")] + list(res.notes)
+    return row | {"ratio_or_delta": res.effect, "ci_low": res.ci_low, "ci_high": res.ci_high, "p": res.p,
+                  "verdict": verdict, "notes": "; ".join(notes)}
 
-        p = float(mannwhitneyu(b.values, a.values, alternative="two-sided").pvalue)
-        verdict = ("same" if abs(ratio - 1) <= min_band else
-                   ("higher" if ratio > 1 else "lower") if p < alpha else "inconclusive")
-        return row | {"p": p, "verdict": verdict, "notes": "Mann-Whitney U over seeds"}
-    verdict = "same" if abs(ratio - 1) <= min_band else "inconclusive"
-    return row | {"verdict": verdict, "notes": "one value per run: no test"}
+
+def _not_judged_where_b_is_wrong(rows: list[dict[str, Any]], side_b: Sequence[RunData]) -> None:
+    """B's speed and memory in a case where B fails accuracy are no result (as within a run)."""
+    wrong: dict[tuple[str, str, str], str] = {}
+    for run in side_b:
+        wrong |= incorrect_variants(run.records)
+    for row in rows:
+        variant = row["candidate"][: -len(" (B)")]
+        why = wrong.get((row["plugin"], row["case_id"], variant))
+        if why and row["dimension"] in ("throughput", "memory") and row.get("verdict") not in ("failed", "skipped"):
+            row["verdict"], row["p"] = NOT_JUDGED, math.nan
+            row["notes"] = f"not judged: B fails accuracy ({why}); " + str(row.get("notes", ""))
 
 
 def holm(pvalues: pd.Series) -> pd.Series:
     """Holm-adjusted p-values (NaN stays NaN), by the statistics engine's own Holm."""
-    from microscope.stats import holm as engine_holm
-
     p = pvalues.dropna()
     return pd.Series(engine_holm(p.to_numpy(dtype=float)), index=p.index).reindex(pvalues.index)
 
 
 def adjust(table: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """Holm over every tested row; a significant verdict that does not survive it becomes inconclusive.
-
-    The same rule the statistics engine applies within a run: many cases compared at once would
-    otherwise produce "faster" somewhere by chance.
-    """
+    """Holm over every tested row; a significant verdict that does not survive it becomes inconclusive."""
     table = table.assign(p_adj=holm(table["p"]))
-    lost = table["verdict"].isin(("faster", "slower", "higher", "lower")) & (table["p_adj"] >= alpha)
+    lost = table["verdict"].isin(("faster", "slower", "higher", "lower", "better", "worse", "less", "more")) & (
+        table["p_adj"] >= alpha)
     tested = int(table["p"].notna().sum())
     for i in table.index[lost]:
         why = (f"{table.at[i, 'verdict']} at raw p={table.at[i, 'p']:.3g} but p_adj={table.at[i, 'p_adj']:.3g} "
@@ -212,17 +191,42 @@ def adjust(table: pd.DataFrame, alpha: float) -> pd.DataFrame:
     return table
 
 
-def env_checks(env_a: dict[str, Any], env_b: dict[str, Any], force: bool) -> list[str]:
-    """Refuse different corpora (unless forced); warn about different devices, versions, configs."""
-    notes = []
-    ca, cb = env_a.get("corpus_hash"), env_b.get("corpus_hash")
-    if ca and cb and str(ca) != str(cb):
-        msg = f"the runs used different corpora (corpus_hash {ca} vs {cb}): their numbers are not comparable"
-        if not force:
-            raise CompareError(msg + "; pass force=True (--force) to compare them anyway")
-        notes.append(msg + "; compared anyway (forced)")
-    elif bool(ca) != bool(cb):
-        notes.append("only one run records a corpus hash: check that both used the same corpus")
+def _grid(side: Sequence[RunData]) -> dict[str, set[str]]:
+    grid: dict[str, set[str]] = {}
+    for run in side:
+        for plugin, grp in run.records.groupby("plugin"):
+            grid.setdefault(str(plugin), set()).update(str(c) for c in grp["case_id"])
+    return grid
+
+
+def _devices(side: Sequence[RunData]) -> set[str]:
+    return {str(d) for run in side for d in run.records["device"].dropna().unique()}
+
+
+def comparability(side_a: Sequence[RunData], side_b: Sequence[RunData], force: bool) -> list[str]:
+    """Refuse sides that measure different things (unless forced); warn about different versions."""
+    problems, notes = [], []
+    grid_a, grid_b = _grid(side_a), _grid(side_b)
+    if set(grid_a) != set(grid_b):
+        problems.append(f"different plugins (A: {', '.join(sorted(grid_a)) or 'none'}; "
+                        f"B: {', '.join(sorted(grid_b)) or 'none'})")
+    else:
+        for plugin in grid_a:
+            if grid_a[plugin] != grid_b[plugin]:
+                only_a, only_b = sorted(grid_a[plugin] - grid_b[plugin]), sorted(grid_b[plugin] - grid_a[plugin])
+                problems.append(f"{plugin}: different case grids (only in A: {', '.join(only_a[:3]) or '-'}; "
+                                f"only in B: {', '.join(only_b[:3]) or '-'})")
+    if _devices(side_a) != _devices(side_b):
+        problems.append(f"different devices (A: {', '.join(sorted(_devices(side_a)))}; "
+                        f"B: {', '.join(sorted(_devices(side_b)))})")
+    corpora = [{str(r.env.get("corpus_hash")) for r in side if r.env.get("corpus_hash")} for side in (side_a, side_b)]
+    if corpora[0] and corpora[1] and corpora[0] != corpora[1]:
+        problems.append(f"different corpora (corpus_hash {', '.join(sorted(corpora[0]))} vs "
+                        f"{', '.join(sorted(corpora[1]))}): their numbers are not comparable")
+    if problems and not force:
+        raise CompareError("refusing to compare: " + "; ".join(problems) + ". Pass --force to compare anyway.")
+    notes += [f"{p}; compared anyway (forced)" for p in problems]
+    env_a, env_b = side_a[-1].env, side_b[-1].env
     for key in ENV_KEYS_WARNED:
         va, vb = env_a.get(key), env_b.get(key)
         if va is not None and vb is not None and str(va) != str(vb):
@@ -240,47 +244,65 @@ def stats_params(run: RunData) -> tuple[float, float]:
         return DEFAULT_ALPHA, DEFAULT_MIN_BAND
 
 
-def _renamed(data: dict[str, Any] | None, label: str) -> dict[str, Any]:
-    return {tag(k, label): v for k, v in (data or {}).items()}
-
-
 def _only(keys: set[tuple[str, ...]], label: str) -> str:
     examples = ", ".join("/".join(k[1:3]) + f" {k[4]}" for k in sorted(keys)[:3])
     return f"{len(keys)} measurement(s) only in {label} (e.g. {examples}); not compared"
 
 
-def compare_runs(run_a: Path, run_b: Path, *, alpha: float | None = None, min_band: float | None = None,
-                 force: bool = False) -> RunData:
-    """B against A for everything both runs measured, as a ``RunData`` the report writers render.
+def _label(side: Sequence[RunData]) -> str:
+    return side[0].run_id if len(side) == 1 else f"{len(side)} runs ({side[0].run_id} ...)"
 
-    ``alpha``/``min_band`` default to run B's config (``stats:``), else 0.05 and 1%. Raises
-    ``CompareError`` when the corpora differ and ``force`` is False.
-    """
-    a, b = load_run(Path(run_a)), load_run(Path(run_b))
-    notes = env_checks(a.env, b.env, force)
-    cfg_alpha, cfg_band = stats_params(b)
+
+def compare_sides(side_a: Sequence[RunData], side_b: Sequence[RunData], *, alpha: float | None = None,
+                  min_band: float | None = None, force: bool = False,
+                  history_sigma: dict[tuple[str, ...], float] | None = None) -> RunData:
+    """B against A for everything both sides measured, as a ``RunData`` the report writers render."""
+    notes = comparability(side_a, side_b, force)
+    cfg_alpha, cfg_band = stats_params(side_b[-1])
     alpha = cfg_alpha if alpha is None else alpha
     min_band = cfg_band if min_band is None else min_band
-    ma, mb = _measurements(a.records), _measurements(b.records)
-    latency_fn = engine_compare_latency()
-    if latency_fn is None:
-        notes.append("statistics engine not importable: latency compared with a Mann-Whitney U fallback")
-    both = [k for k in mb if k in ma]
-    rows = [_row(k, ma[k], mb[k], alpha, min_band, latency_fn) for k in both]
+    ma, mb = _side_values(side_a), _side_values(side_b)
+    rows = [_row(k, ma[k], mb[k], alpha, min_band, history_sigma or {}) for k in mb if k in ma]
+    _not_judged_where_b_is_wrong(rows, side_b)
     for keys, label in ((set(ma) - set(mb), "A"), (set(mb) - set(ma), "B")):
         if keys:
             notes.append(_only(keys, label))
     table = adjust(normalise_comparison(pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))), alpha)
-    notes += [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes]
-    records = pd.concat([a.records.assign(variant=a.records["variant"].map(lambda v: tag(v, "A"))),
-                         b.records.assign(variant=b.records["variant"].map(lambda v: tag(v, "B")))],
-                        ignore_index=True)
-    config = b.config_text if (a.config_text or "") == (b.config_text or "") else (
-        f"# A: {a.run_id}\n{a.config_text or '(none)'}\n\n# B: {b.run_id}\n{b.config_text or '(none)'}")
-    return RunData(
-        run_id=f"{a.run_id}-vs-{b.run_id}", records=records, comparison=table, envs={"A": a.env, "B": b.env},
-        config_text=config, notes=notes, title=f"microscope compare: B = {b.run_id} vs A = {a.run_id}",
-        divergence=_renamed(a.divergence, "A") | _renamed(b.divergence, "B") or None,
-        trace_diff=_renamed(a.trace_diff, "A") | _renamed(b.trace_diff, "B") or None,
-        graph_diff=_renamed(a.graph_diff, "A") | _renamed(b.graph_diff, "B") or None,
-    )
+    for label, side in (("A", side_a), ("B", side_b)):
+        notes += [f"{label}: {n}" for run in side for n in run.notes]
+    records = pd.concat([run.records.assign(variant=run.records["variant"].map(lambda v, lbl=label: tag(v, lbl)))
+                         for label, side in (("A", side_a), ("B", side_b)) for run in side], ignore_index=True)
+    a_cfg, b_cfg = side_a[-1].config_text or "", side_b[-1].config_text or ""
+    config = b_cfg if a_cfg == b_cfg else (f"# A: {side_a[-1].run_id}\n{a_cfg or '(none)'}\n\n"
+                                           f"# B: {side_b[-1].run_id}\n{b_cfg or '(none)'}")
+    title = f"microscope compare: B = {_label(side_b)} vs A = {_label(side_a)}"
+    return RunData(run_id=f"{side_a[0].run_id}-vs-{side_b[0].run_id}", records=records, comparison=table,
+                   envs={"A": side_a[-1].env, "B": side_b[-1].env}, config_text=config, notes=notes, title=title)
+
+
+def compare_runs(run_a: Path, run_b: Path, *, alpha: float | None = None, min_band: float | None = None,
+                 force: bool = False, history_sigma: dict[tuple[str, ...], float] | None = None) -> RunData:
+    """``compare_sides`` of two paths, each a run folder or a folder of run folders."""
+    return compare_sides(load_side(Path(run_a)), load_side(Path(run_b)), alpha=alpha, min_band=min_band,
+                         force=force, history_sigma=history_sigma)
+
+
+def compare_gate(table: pd.DataFrame | None) -> GateResult:
+    """Exit 1 when B regressed against A (slower, more memory, worse, or an accuracy check that passed in A
+    now fails), for candidates and baselines; peers are not our code."""
+    out = GateResult(EXIT_OK)
+    if table is None or not len(table):
+        return out
+    ours = table[table["role"] != "peer"]
+    acc = ours[(ours["verdict"] == "fail") & ours["notes"].astype(str).str.contains("regression: passed in A")]
+    for _, row in acc.iterrows():
+        out.failures.append(f"{row['candidate']} fails {row['metric']} in {row['case_id'] or 'the run'} (passed in A)")
+    for verdict in REGRESSIONS:
+        bad = ours[ours["verdict"] == verdict]
+        for cand, grp in bad.groupby("candidate", sort=False):
+            out.failures.append(f"{cand} {verdict} than A in {len(grp)} comparison(s) "
+                                f"(e.g. {grp.iloc[0]['metric']} {fmt.times(grp.iloc[0]['ratio_or_delta'])})")
+    tested = table[table["p"].notna()]
+    out.held.append(f"{len(tested)} tested comparison(s), no regression")
+    out.exit_code = EXIT_FAILED if out.failures else EXIT_OK
+    return out

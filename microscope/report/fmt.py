@@ -106,3 +106,33 @@ def clip(text: Any, limit: int) -> str:
     s = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: max(0, limit - 1)] + "\u2026"
+
+
+def _case_axis(token: str) -> str:
+    """The axis a case-id token belongs to: ``seq=100`` -> seq, ``no_causal``/``causal`` -> causal,
+    ``bf16`` -> dtype."""
+    if "=" in token:
+        return token.split("=", 1)[0]
+    if token in ("fp64", "fp32", "fp16", "bf16"):
+        return "dtype"
+    return token[3:] if token.startswith("no_") else token
+
+
+def case_labels(case_ids: Any) -> dict[str, str]:
+    """Each case id shortened to the axes that vary among ``case_ids`` (``seq=1024,bf16``), so rows can
+    be told apart without the axes every case shares; a single case keeps its full id."""
+    ids = [str(c) for c in dict.fromkeys(case_ids) if str(c)]
+    if len(ids) <= 1:
+        return {c: c for c in ids}
+    parsed = {c: [(t, _case_axis(t)) for t in c.split(",")] for c in ids}
+    values: dict[str, set[str]] = {}
+    for tokens in parsed.values():
+        for token, axis in tokens:
+            values.setdefault(axis, set()).add(token)
+    varying = {axis for axis, seen in values.items() if len(seen) > 1}
+    shared = {axis for axis in values if all(any(a == axis for _, a in t) for t in parsed.values())}
+    labels = {}
+    for case, tokens in parsed.items():
+        kept = [t for t, axis in tokens if axis in varying or axis not in shared]
+        labels[case] = ",".join(kept) or case
+    return labels

@@ -25,6 +25,11 @@ SIGNIFICANT = ("fail", "slower", "more", "worse", "faster", "less", "better", "h
 REGRESSIONS = ("fail", "failed", "error", "slower", "more", "worse")
 IMPROVEMENTS = ("faster", "less", "better")
 TRIAL_VERDICTS = ("failed", "skipped")
+NOT_JUDGED = "not judged"
+#: The headline of variants skipped on this device (one line, whatever their number).
+SKIPPED_DIMENSION = "not measured here"
+#: The note the statistics table puts on latency rows timed through the Triton interpreter.
+INTERPRETER_TIMING = "not gated: interpreter timing"
 #: "info" rows (TFLOP/s, GB/s, tokens/s) are derived from the latency row's calls: no headline of their own.
 _FAMILY_BY_VERDICT = {"faster": "latency", "slower": "latency", "pass": "check", "fail": "check",
                       "less": "memory", "more": "memory", "same": "memory", "better": "model",
@@ -82,57 +87,102 @@ def _tone(counts: Counter, all_pass: bool = False) -> str:
 
 
 def _rest(counts: Counter, shown: tuple[str, ...]) -> str:
-    order = ["equivalent", "non-inferior", "same", "inconclusive", "pass", "fail", "faster", "slower",
-             "less", "more", "better", "worse", "higher", "lower", "failed", "error", "skipped"]
+    order = ["identical", "equivalent", "non-inferior", "same", "inconclusive", "pass", "fail", "faster",
+             "slower", "less", "more", "better", "worse", "higher", "lower", NOT_JUDGED, "failed", "error",
+             "skipped"]
     extra = [v for v in counts if v not in order]
     parts = [f"{counts[v]} {v or 'no verdict'}" for v in order + sorted(extra)
              if counts[v] and v not in shown]
     return "; " + ", ".join(parts) if parts else ""
 
 
+def _unit(rows: pd.DataFrame, judged: str = "", n: int | None = None) -> str:
+    """What the rows count: cases (one metric per case), metrics (one case), else comparisons;
+    singular when ``n`` is 1."""
+    if rows["metric"].nunique() <= 1:
+        word = f"{judged}cases"
+    elif rows["case_id"].nunique() <= 1:
+        word = "metrics"
+    else:
+        word = "comparisons"
+    return word[:-1] if n == 1 else word
+
+
+def _speedups(frame: pd.DataFrame, gain: bool) -> list[float]:
+    """Speed factors (>1 = that much faster) of faster rows, or slowdown factors of slower rows."""
+    out = []
+    for r, metric in zip(ratios(frame), frame["metric"]):
+        if not (r > 0):
+            continue
+        time_like = not fmt.is_rate_metric(str(metric))
+        out.append((1 / r if time_like else r) if gain else (r if time_like else 1 / r))
+    return out
+
+
+def _interpreted_note(rows: pd.DataFrame) -> str:
+    return f" ({INTERPRETER_TIMING})" if rows["notes"].astype(str).str.contains(INTERPRETER_TIMING).any() else ""
+
+
 def _latency_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
-    n, unit = len(rows), "cases" if rows["metric"].nunique() <= 1 else "measurements"
-    faster, slower = rows[rows["verdict"] == "faster"], rows[rows["verdict"] == "slower"]
-
-    def factor(frame: pd.DataFrame, gain: bool) -> list[float]:
-        out = []
-        for r, metric in zip(ratios(frame), frame["metric"]):
-            if not (r > 0):
-                continue
-            time_like = not fmt.is_rate_metric(str(metric))
-            out.append((1 / r if time_like else r) if gain else (r if time_like else 1 / r))
-        return out
-
+    judged = rows[rows["verdict"] != NOT_JUDGED]
+    n = len(judged)
+    unit = _unit(judged if n else rows, "correct " if len(judged) < len(rows) else "", n)
+    faster, slower = judged[judged["verdict"] == "faster"], judged[judged["verdict"] == "slower"]
     parts = []
     if len(faster):
-        spread = fmt.span(factor(faster, True), fmt.times)
-        parts.append(f"{cand} faster than {base} in {len(faster)}/{n} {unit}"
-                     + (f" ({spread})" if spread else ""))
+        spread = fmt.span(_speedups(faster, True), fmt.times)
+        parts.append(f"{cand} faster than {base} in {len(faster)}/{n} {unit}" + (f" ({spread})" if spread else ""))
     if len(slower):
-        spread = fmt.span(factor(slower, False), fmt.times)
+        spread = fmt.span(_speedups(slower, False), fmt.times)
         lead = "slower in" if parts else f"{cand} slower than {base} in"
         parts.append(f"{lead} {len(slower)}/{n} {unit}" + (f" ({spread} slower)" if spread else ""))
-    if not parts:
-        measured = [r for r in ratios(rows) if r > 0]
+    if not parts and n:
+        measured = [r for r in ratios(judged) if r > 0]
         spread = fmt.span(measured, fmt.times)
         parts.append(f"{cand} vs {base}: no significant latency difference in {n} {unit}"
                      + (f" (latency ratio {spread})" if spread else ""))
-    return ", ".join(parts), ("faster", "slower")
+    if not n:
+        parts.append(f"{cand} vs {base}: not judged in {len(rows)} {_unit(rows, n=len(rows))}: fails accuracy")
+    return ", ".join(parts) + _interpreted_note(judged), ("faster", "slower")
+
+
+def _best_peer_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, ...]]:
+    """"triton vs the fastest correct peer: sdpa_cudnn in 4 cases, slower in 4/4 (×0.87 its speed)"."""
+    judged = rows[rows["verdict"] != NOT_JUDGED]
+    parts = []
+    for peer, grp in judged.groupby("baseline", sort=False):
+        counts = Counter(grp["verdict"])
+        speed = [1 / r for r in ratios(grp) if r > 0]
+        called = [f"{w} in {counts[w]}/{len(grp)}" for w in ("faster", "slower", "equivalent") if counts[w]]
+        rest = len(grp) - sum(counts[w] for w in ("faster", "slower", "equivalent"))
+        if rest:
+            called.append(f"inconclusive in {rest}/{len(grp)}")
+        spread = fmt.span(speed, fmt.times)
+        parts.append(f"{peer} in {len(grp)} case{'s' if len(grp) != 1 else ''}: " + ", ".join(called)
+                     + (f" ({spread} its speed)" if spread else ""))
+    text = f"{cand} vs the fastest correct peer: " + ("; ".join(parts) if parts else "none judged")
+    if len(judged) < len(rows):
+        text += f"; {len(rows) - len(judged)} not judged (fails accuracy)"
+    return text + _interpreted_note(judged), ("faster", "slower", "equivalent", "inconclusive", NOT_JUDGED)
 
 
 def _memory_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
-    n = len(rows)
+    judged = rows[rows["verdict"] != NOT_JUDGED]
+    n = len(judged)
+    unit = _unit(judged if n else rows, "correct " if len(judged) < len(rows) else "", n)
     parts = []
     for verdict, word in (("less", "less"), ("more", "more")):
-        sel = rows[rows["verdict"] == verdict]
+        sel = judged[judged["verdict"] == verdict]
         if not len(sel):
             continue
         changes = [r - 1 for r in ratios(sel) if r > 0]
         spread = fmt.span(changes, fmt.pct)
         lead = f"{word} in" if parts else f"{cand} uses {word} peak memory than {base} in"
-        parts.append(f"{lead} {len(sel)}/{n} cases" + (f" ({spread})" if spread else ""))
-    if not parts:
-        parts.append(f"{cand} vs {base}: no peak-memory difference in {n} cases")
+        parts.append(f"{lead} {len(sel)}/{n} {unit}" + (f" ({spread})" if spread else ""))
+    if not parts and n:
+        parts.append(f"{cand} vs {base}: no peak-memory difference in {n} {unit}")
+    if not n:
+        parts.append(f"{cand} vs {base}: not judged in {len(rows)} {_unit(rows, n=len(rows))}: fails accuracy")
     return ", ".join(parts), ("less", "more")
 
 
@@ -140,6 +190,8 @@ def _check_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, ...]
     judged = rows[rows["verdict"].isin(["pass", "fail"])]
     passes, fails = int((judged["verdict"] == "pass").sum()), judged[judged["verdict"] == "fail"]
     text = f"{cand}: {passes}/{len(rows)} accuracy checks pass"
+    if passes == len(rows) and rows["case_id"].nunique() > 1:
+        return text + f" in {rows['case_id'].nunique()} cases", ("pass", "fail")
     if len(fails):
         worst = fails.assign(_v=pd.to_numeric(fails["candidate_value"], errors="coerce")).sort_values(
             "_v", ascending=False, na_position="last").iloc[0]
@@ -162,10 +214,10 @@ def _model_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tupl
             items.append(f"{row['metric']}{where} {row['verdict'] or 'no verdict'}{extra}")
         return f"{cand} vs {base}: " + "; ".join(items), tuple(rows["verdict"].unique())
     counts = Counter(rows["verdict"])
-    verdicts = [v for v in ("better", "worse", "higher", "lower", "non-inferior", "equivalent", "inconclusive")
-                if counts[v]]
+    verdicts = [v for v in ("better", "worse", "higher", "lower", "identical", "non-inferior", "equivalent",
+                            "inconclusive") if counts[v]]
     body = ", ".join(f"{v} in {counts[v]}" for v in verdicts) or "no verdicts"
-    return f"{cand} vs {base}: {body} of {len(rows)} comparisons", tuple(verdicts)
+    return f"{cand} vs {base}: {body} of {len(rows)} {_unit(rows, n=len(rows))}", tuple(verdicts)
 
 
 def with_baselines(table: pd.DataFrame) -> pd.DataFrame:
@@ -184,30 +236,83 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
     if table is None or not len(table):
         return []
     table = with_baselines(table)
-    table = table.assign(_family=[row_family(d, m, v) for d, m, v in
-                                  zip(table["dimension"], table["metric"], table["verdict"])])
+    labels = fmt.case_labels(table["case_id"])
+    table = table.assign(case_id=table["case_id"].map(lambda c: labels.get(str(c), str(c))))
+    vs = table["vs"] if "vs" in table.columns else pd.Series("", index=table.index)
+    table = table.assign(_family=[
+        "best_peer" if str(w) == "best_peer" else row_family(d, m, "" if v == NOT_JUDGED else v)
+        for d, m, v, w in zip(table["dimension"], table["metric"], table["verdict"], vs)])
+    table = table.assign(_base=table["baseline"].where(table["_family"] != "best_peer", "best peer"))
     plugins = table["plugin"].nunique() > 1
     out = _rate_headlines(table, plugins)
     table = table[table["_family"] != "info"]
+    skipped: dict[str, list[str]] = {}
+    dead = _all_failed(table)
+    for (plugin, cand), rows in table[table["candidate"].isin(dead)].groupby(["plugin", "candidate"], sort=False):
+        reasons = Counter(str(n) for n in rows["notes"] if str(n))
+        why = reasons.most_common(1)[0][0] if reasons else "no reason recorded"
+        text = (f"{plugin}: " if plugins else "") + (f"{cand}: every trial failed in {rows['case_id'].nunique()} "
+                                                    f"case(s): {fmt.clip(why, 240)}")
+        out.append(Headline("failed", text, "bad", {"failed": len(rows)}))
+    table = table[~table["candidate"].isin(dead)]
+    unjudged = _never_judged(table)
+    table = table[~(table["candidate"].isin(unjudged) & table["dimension"].isin(["throughput", "memory"]))]
     for (dim, plugin, base, cand, family), rows in table.groupby(
-            ["dimension", "plugin", "baseline", "candidate", "_family"], sort=False):
+            ["dimension", "plugin", "_base", "candidate", "_family"], sort=False):
         counts = Counter(rows["verdict"])
+        if counts["skipped"] == len(rows):  # one line for every variant this device cannot run
+            skipped.setdefault((f"{plugin}: " if plugins else "") + str(cand), []).extend(
+                str(n) for n in rows["notes"] if str(n))
+            continue
         if sum(counts[v] for v in TRIAL_VERDICTS) == len(rows):
             text = (f"{plugin}: " if plugins else "") + f"{cand} vs {base}: not measured" + _rest(counts, ())
             out.append(Headline(str(dim), text, "bad" if counts["failed"] else "neutral", dict(counts)))
             continue
-        if family == "latency":
+        if family == "best_peer":
+            text, shown = _best_peer_sentence(rows, cand)
+        elif family == "latency":
             text, shown = _latency_sentence(rows, base, cand)
         elif family == "memory":
             text, shown = _memory_sentence(rows, base, cand)
         elif family == "check":
             text, shown = _check_sentence(rows, cand)
+            if cand in unjudged:
+                text += "; so its speed and memory are not judged"
         else:
             text, shown = _model_sentence(rows, base, cand)
         text = (f"{plugin}: " if plugins else "") + text + _rest(counts, shown)
         all_pass = family == "check" and counts["pass"] == len(rows)
-        out.append(Headline(str(dim), text, _tone(counts, all_pass), dict(counts)))
+        tone = _tone(counts, all_pass)
+        if family in ("latency", "best_peer") and INTERPRETER_TIMING in text:
+            tone = "neutral"  # interpreter timing: shown, not a finding
+        if tone != "bad" and (rows["role"] == "peer").all():
+            tone = "neutral"  # a peer is compared, not judged
+        out.append(Headline(str(dim), text, tone, dict(counts)))
+    if skipped:
+        out.append(skipped_headline(skipped))
     return out
+
+
+def _never_judged(table: pd.DataFrame) -> set[str]:
+    """Variants whose speed and memory rows are all "not judged" (they fail accuracy in every case)."""
+    speed = table[table["dimension"].isin(["throughput", "memory"]) & (table["_family"] != "info")]
+    verdicts = speed.groupby("candidate")["verdict"].agg(set)
+    return {str(v) for v, seen in verdicts.items() if seen <= {NOT_JUDGED, "failed", "skipped"} and NOT_JUDGED in seen}
+
+
+def _all_failed(table: pd.DataFrame) -> set[str]:
+    """Variants none of whose comparisons could be made because every one of their trials failed."""
+    verdicts = table.groupby("candidate")["verdict"].agg(set)
+    return {str(v) for v, seen in verdicts.items() if seen == {"failed"}}
+
+
+def skipped_headline(skipped: dict[str, list[str]]) -> Headline:
+    """"not measured here: flex, sdpa_cudnn (needs a CUDA device; ...)": every skipped variant in one line."""
+    reasons = Counter(r for notes in skipped.values() for r in dict.fromkeys(notes))
+    why = "; ".join(r for r, _ in reasons.most_common(3)) or "no reason recorded"
+    more = f"; and {len(reasons) - 3} more reason(s)" if len(reasons) > 3 else ""
+    return Headline(SKIPPED_DIMENSION, f"{', '.join(skipped)} ({fmt.clip(why, 200)}{more})", "neutral",
+                    {"skipped": len(skipped)})
 
 
 def _rate_headlines(table: pd.DataFrame, plugins: bool) -> list[Headline]:

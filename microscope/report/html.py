@@ -3,8 +3,9 @@
 Nothing is fetched: styles and the small table-sorting script are inlined from ``templates/``, charts
 are inline SVG (``plots.py``), and a Content-Security-Policy of ``default-src 'none'`` makes the
 browser refuse any request even if one slipped in. Jinja2 autoescaping is on for every template, and
-record, plugin and config text is only ever passed as data (never marked safe); the one exception is
-matplotlib's SVG, which ``plots.to_svg`` checks for active content before it is inlined.
+record, plugin and config text is only ever passed as data (never marked safe); the exceptions are
+matplotlib's SVG, which ``plots.to_svg`` checks for active content before it is inlined, and the
+drawn graph diffs, which ``graph_svg`` builds from escaped text only.
 Tables are capped at ``MAX_ROWS`` rows each so a huge run still gives a file a browser opens quickly.
 """
 
@@ -19,10 +20,10 @@ from microscope import __version__
 
 from .caveats import caveats, env_lines
 from .headline import IMPROVEMENTS, REGRESSIONS, headlines
-from .instruments import instrument_findings, instrument_tables
+from .instruments import diff_graph_figures, instrument_findings, instrument_tables
 from .load import RunData
 from .plots import all_plots
-from .tables import Table, comparison_table, raw_table, significant_rows, trials_table
+from .tables import Table, comparison_table, raw_table, significant_rows, significant_table, trials_table
 
 MAX_ROWS = 1_000
 #: Free-text columns that wrap; every other column stays on one line and the table scrolls sideways.
@@ -91,13 +92,14 @@ def render_html(run: RunData) -> str:
     show_plugin = bool(len(run.records) and run.records["plugin"].nunique() > 1) or bool(
         comp is not None and len(comp) and comp["plugin"].nunique() > 1)
     has_comp = comp is not None
+    graph_figures, graphs_left_out = diff_graph_figures(run)
     context = {
         "title": run.title or f"microscope run {run.run_id}",
         "env": env_lines(run),
         "headlines": headlines(run),
         "caveats": caveats(run),
         "findings": instrument_findings(run),
-        "significant": (table_view(comparison_table(significant_rows(comp), show_plugin)) if has_comp
+        "significant": (table_view(significant_table(significant_rows(comp), show_plugin)) if has_comp
                         else None),
         "n_comparisons": len(comp) if has_comp else 0,
         "plots": all_plots(run),
@@ -105,6 +107,8 @@ def render_html(run: RunData) -> str:
         "raw": table_view(raw_table(run.records)),
         "trials": table_view(trials_table(run.records)),
         "instruments": [(title, table_view(t)) for title, t in instrument_tables(run)],
+        "graph_figures": graph_figures,
+        "graphs_left_out": graphs_left_out,
         "config": run.config_text,
         "version": __version__,
     }

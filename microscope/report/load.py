@@ -16,11 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-#: The statistics engine's table, in its column order (``microscope.stats``).
-COMPARISON_COLUMNS = (
-    "plugin", "case_id", "dimension", "metric", "baseline", "candidate", "role", "baseline_value",
-    "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj", "verdict", "n", "notes",
-)
+from microscope.stats.table import TABLE_COLUMNS
+
+#: The statistics engine's table, in its column order (one list, owned by ``microscope.stats.table``).
+COMPARISON_COLUMNS = TABLE_COLUMNS
 NUMERIC_COLUMNS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj",
                    "n")
 #: Optional instrument outputs saved in the run folder, keyed by the attribute that holds them.
@@ -88,7 +87,7 @@ def read_record_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # a damaged line nested past the parser
                 bad.append(line_no)
                 continue
             if isinstance(obj, dict):
@@ -172,6 +171,8 @@ def normalise_comparison(table: pd.DataFrame) -> pd.DataFrame:
     for col in set(COMPARISON_COLUMNS) - set(NUMERIC_COLUMNS):
         table[col] = _text(table[col])
     table["verdict"] = _text(table["verdict"].map(lambda v: v.strip().lower()))
+    table["vs"] = table["vs"].replace("", "baseline")
+    table["gated"] = table["gated"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
     return table.reset_index(drop=True)
 
 

@@ -108,7 +108,10 @@ def _folded_table(title: str, table: Table, budget: int, where: str, columns: Se
 
 
 def _config_block(text: str, budget: int) -> str:
+    """The config as run; whole-line comments go first when it would not fit, so settings are never cut."""
     room = max(0, budget - 200)
+    if len(text) > room:
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     body = html.escape(text[:room])
     note = "" if len(text) <= room else f"\n_config cut at {room} characters (size cap)._\n"
     return details("Config", f"<pre>{body}</pre>\n{note}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from . import fmt
+from .fmt import case_labels
 from .headline import by_role
 from .instruments import divergence_entries, divergence_rows
 from .load import RunData
@@ -94,6 +96,13 @@ def _rounds(value: Any) -> list[float]:
     return [f for f in (fmt.finite(v) for v in value) if f is not None]
 
 
+def _log_if_decades(ax: Any, values: list[float], axis: str) -> None:
+    """A log axis where the positive values span more than a decade, so small bars and boxes stay visible."""
+    pos = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
+    if pos and max(pos) / min(pos) > 10.0:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+
+
 def latency_plot(run: RunData, colors: dict[str, Any]) -> Plot:
     """Per case: a box of each variant's per-round medians with the rounds drawn on top."""
     title = "Latency distributions (per-round medians)"
@@ -101,6 +110,7 @@ def latency_plot(run: RunData, colors: dict[str, Any]) -> Plot:
     if not len(rec) or "details.rounds" not in rec.columns:
         return Plot("latency", title, None, "no per-round latency samples in this run")
     cases = list(dict.fromkeys(rec["case_id"]))
+    names_of = case_labels(cases)
     shown = cases[:MAX_CASES]
     ncols = min(4, len(shown))
     nrows = math.ceil(len(shown) / ncols)
@@ -121,7 +131,8 @@ def latency_plot(run: RunData, colors: dict[str, Any]) -> Plot:
         for i, (name, d) in enumerate(zip(names, data)):
             ax.scatter(i + rng.uniform(-0.15, 0.15, len(d)), d, s=9, color=colors[name], alpha=0.8, zorder=3)
         ax.set_xticks(range(len(names)), [label(n, 16) for n in names], rotation=30, ha="right", fontsize=7)
-        ax.set_title(label(case, 40), fontsize=8)
+        ax.set_title("\n".join(textwrap.wrap(names_of[case], 44)), fontsize=8)
+        _log_if_decades(ax, [x for d in data for x in d], "y")
         ax.set_ylabel("ms", fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
     for ax in list(axes.flat)[len(shown):]:
@@ -272,6 +283,7 @@ def memory_plot(run: RunData, colors: dict[str, Any]) -> Plot:
         return Plot("memory", title, None, "no peak-memory measurements in this run")
     peaks = rec.groupby(["case_id", "variant"], sort=False)["value"].max()
     cases = list(dict.fromkeys(rec["case_id"]))
+    names_of = case_labels(cases)
     shown = cases[:MAX_BARS_CASES]
     names = [v for v in colors if v in set(rec["variant"])]
     fig = _new(7.5, 0.3 * len(shown) * max(1, len(names)) * 0.55 + 1.4)
@@ -284,8 +296,9 @@ def memory_plot(run: RunData, colors: dict[str, Any]) -> Plot:
         ys = [i + j * height for i in range(len(shown))]
         xs = [peaks.get((c, variant), np.nan) / scale for c in shown]
         ax.barh(ys, xs, height=height, color=colors[variant], label=label(variant))
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(shown))], [label(c, 40) for c in shown],
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(shown))], [names_of[c] for c in shown],
                   fontsize=7)
+    _log_if_decades(ax, [peaks.get((c, v), np.nan) / scale for c in shown for v in names], "x")
     ax.invert_yaxis()
     ax.set_xlabel(f"peak {unit}")
     ax.legend(fontsize=7)

@@ -69,11 +69,12 @@ def report_command(results_dir: Path, formats: Sequence[str] = FORMATS,
 
 
 def compare_command(run_a: Path, run_b: Path, out: Path = Path("reports"), force: bool = False,
-                    formats: Sequence[str] = FORMATS) -> dict[str, Path]:
-    """``microscope compare RUN_A RUN_B [--out reports/] [--force]``: B against A.
+                    formats: Sequence[str] = FORMATS) -> tuple[RunData, dict[str, Path]]:
+    """``microscope compare A B [--out reports/] [--force]``: B against A, the run as the unit.
 
-    Writes ``<out>/<A>-vs-<B>.md``, ``.html`` and the comparison table as ``.csv``; raises
-    ``CompareError`` (a ``ReportError``) when the runs used different corpora and ``force`` is False.
+    Writes ``<out>/<A>-vs-<B>.md``, ``.html`` and the comparison table as ``.csv``; returns the compared
+    ``RunData`` (for the console and the exit code) and the written paths. Raises ``CompareError`` (a
+    ``ReportError``) when the sides measure different things and ``force`` is False.
     """
     from .compare import compare_runs
 
@@ -84,4 +85,4 @@ def compare_command(run_a: Path, run_b: Path, out: Path = Path("reports"), force
         csv = Path(out) / f"{stem}.csv"
         run.comparison.to_csv(csv, index=False)
         paths["csv"] = csv
-    return paths
+    return run, paths

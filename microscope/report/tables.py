@@ -91,6 +91,25 @@ def comparison_table(rows: pd.DataFrame, show_plugin: bool) -> Table:
     return out
 
 
+def significant_table(rows: pd.DataFrame, show_plugin: bool) -> Table:
+    """The significant rows in seven columns that fit a 1400 px window: short case labels (only the axes
+    that vary), "candidate vs yardstick", the effect with its CI, adjusted p, verdict and notes."""
+    cols = (["plugin"] if show_plugin else []) + ["case", "metric", "comparison", "effect [95% CI]", "p adj",
+                                                   "verdict", "notes"]
+    numeric = [c == "p adj" for c in cols]
+    out = Table(cols, numeric)
+    names = fmt.case_labels(rows["case_id"]) if len(rows) else {}
+    for row in rows.to_dict("records"):
+        yardstick = "best peer " + str(row["baseline"]) if row.get("vs") == "best_peer" else str(row["baseline"])
+        effect = f"{fmt.num(row['ratio_or_delta'])} {fmt.ci(row['ci_low'], row['ci_high'])}".strip()
+        cells = ([_t(row["plugin"])] if show_plugin else []) + [
+            _t(names.get(str(row["case_id"]), row["case_id"]), 48), _t(row["metric"], 32),
+            _t(f"{row['candidate']} vs {yardstick}", 48), _n(effect, row["ratio_or_delta"]),
+            _n(fmt.pvalue(row["p_adj"]), row["p_adj"]), _t(row["verdict"] or "-"), _t(row["notes"], 160)]
+        out.add(cells, str(row["verdict"]))
+    return out
+
+
 def _raw_cells(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per variant and case: worst error, pass, latency, IQR, TFLOP/s, GB/s, peak, other metrics, problems."""
     acc: dict[str, Any] = {"problems": [], "other": defaultdict(list)}

@@ -33,9 +33,34 @@ def gelu_nan(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_FIRST: dict[tuple, torch.Tensor] = {}
+_BY_POINTER: dict[tuple, torch.Tensor] = {}
+
+
+def gelu_memo(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Cheats at inference: computes once per shape, then returns that first answer for any input."""
+    if torch.is_grad_enabled():
+        return gelu_ref(x, w)
+    key = (tuple(x.shape), x.dtype)
+    if key not in _FIRST:
+        _FIRST[key] = gelu_ref(x, w)
+    return _FIRST[key]
+
+
+def gelu_pointer_cache(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Cheats at inference: skips the work when it sees the same input pointers again (stale if the
+    contents changed)."""
+    if torch.is_grad_enabled():
+        return gelu_ref(x, w)
+    key = (x.data_ptr(), w.data_ptr(), tuple(x.shape), x.dtype)
+    if key not in _BY_POINTER:
+        _BY_POINTER[key] = gelu_ref(x, w)
+    return _BY_POINTER[key]
+
+
 @register("toy_gelu")
 class ToyGelu(Ablation):
-    """GeLU(x*w): a correct candidate, a peer, and four broken ones."""
+    """GeLU(x*w): a correct candidate, a peer, four broken ones and two that cheat the timer."""
 
     variants = {
         "eager": baseline(gelu_ref),
@@ -43,6 +68,8 @@ class ToyGelu(Ablation):
         "zeros": candidate(gelu_zeros),
         "raises": candidate(gelu_raises),
         "nan": candidate(gelu_nan),
+        "memo": candidate(gelu_memo),
+        "pointer_cache": candidate(gelu_pointer_cache),
         "gpu_only": peer(gelu_ref, needs=("cuda",)),
     }
     cases = grid(rows=[3, 17], cols=[33], dtype=["fp32", "bf16"])

@@ -3,7 +3,8 @@
 ``make_run`` writes ``records.jsonl`` lines (the schema of ``microscope.store.records``), a
 ``comparison.csv`` in the statistics engine's column order, optional instrument JSONs and a config,
 so the reports are tested on exactly their inputs without running any kernel. The default run has
-a faster candidate, an accuracy fail, a failed trial (out of memory) and a skipped peer.
+a faster candidate, an accuracy fail (whose speed and memory are "not judged"), a failed trial (out
+of memory) and a skipped peer.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Spec:
     fail_reason: str = OOM
     skip_reason: str = SKIP
     acc_reason: str = ACC_FAIL
+    acc_fail: bool = True  # the candidate fails out.rel_err in the second case
     comparison: bool = True
     stability: bool = False
     instruments: bool = False
@@ -74,7 +76,7 @@ def _records(spec: Spec, rng: np.random.Generator) -> list[dict[str, Any]]:
         if "accuracy" in spec.dims:
             for variant, role in ((b, "baseline"), (c, "candidate")):
                 for tensor in ("out", "grad_q"):
-                    bad = variant == c and tensor == "out" and i == 1
+                    bad = spec.acc_fail and variant == c and tensor == "out" and i == 1
                     out.append(record(spec, variant, role, i, "accuracy", f"{tensor}.rel_err",
                                       0.031 if bad else 2e-3 * (1 + rng.random()), unit="ratio",
                                       passed=not bad, reason=spec.acc_reason if bad else None))
@@ -132,9 +134,15 @@ def comparison_rows(spec: Spec) -> list[dict[str, Any]]:
         return base | kw
 
     for i in range(spec.cases):
+        wrong = spec.acc_fail and "accuracy" in spec.dims and i == 1  # where the candidate fails accuracy
         if "throughput" in spec.dims:
             if i == last:
                 rows.append(row(i, "throughput", "latency_ms", c, "failed", notes=spec.fail_reason))
+            elif wrong:
+                r = 1 / spec.speedup
+                rows.append(row(i, "throughput", "latency_ms", c, "not judged", baseline_value=0.5 * (i + 1),
+                                candidate_value=0.5 * (i + 1) * r, ratio_or_delta=r,
+                                notes="not judged: fails accuracy (out.rel_err)"))
             else:
                 r = 1 / spec.speedup
                 rows.append(row(i, "throughput", "latency_ms", c, "faster", baseline_value=0.5 * (i + 1),
@@ -143,13 +151,17 @@ def comparison_rows(spec: Spec) -> list[dict[str, Any]]:
             rows.append(row(i, "throughput", "latency_ms", p, "skipped", notes=spec.skip_reason))
         if "accuracy" in spec.dims:
             for tensor in ("out", "grad_q"):
-                bad = tensor == "out" and i == 1
+                bad = spec.acc_fail and tensor == "out" and i == 1
                 rows.append(row(i, "accuracy", f"{tensor}.rel_err", c, "fail" if bad else "pass",
                                 baseline_value=2e-3, candidate_value=0.031 if bad else 2.5e-3,
                                 ratio_or_delta=15.5 if bad else 1.25, notes=spec.acc_reason if bad else ""))
         if "memory" in spec.dims:
             if i == last:
                 rows.append(row(i, "memory", "peak_bytes", c, "failed", notes=spec.fail_reason))
+            elif wrong:
+                rows.append(row(i, "memory", "peak_bytes", c, "not judged", baseline_value=100 * (i + 1) * 2**20,
+                                candidate_value=60 * (i + 1) * 2**20, ratio_or_delta=0.6,
+                                notes="not judged: fails accuracy (out.rel_err)"))
             else:
                 rows.append(row(i, "memory", "peak_bytes", c, "less", baseline_value=100 * (i + 1) * 2**20,
                                 candidate_value=60 * (i + 1) * 2**20, ratio_or_delta=0.6))

@@ -1,4 +1,4 @@
-"""``compare_runs``: B against A (main vs a branch) with the same latency statistics as within a run."""
+"""``compare``: side B against side A with the run as the unit and the between-run noise as the yardstick."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import pandas as pd
 import pytest
 from report_fixtures import ENV_GPU, Spec, make_run
 
-from microscope.report import compare
-from microscope.report.compare import CompareError, compare_runs, holm
+from microscope.report.compare import CompareError, adjust, compare_gate, compare_runs, holm
 from microscope.report.publish import compare_command
 
+COMMIT_B = "fedcba9876543210fedcba9876543210fedcba98"
 
-def _pair(tmp_path: Path, **b_changes: object) -> tuple[Path, Path]:
-    a = make_run(tmp_path / "a", Spec(run_id="main-run", speedup=2.5, seed=1))
-    env_b = dict(ENV_GPU, commit="fedcba9876543210fedcba9876543210fedcba98")
-    env_b.update(b_changes.pop("env", {}))  # type: ignore[arg-type]
-    b = make_run(tmp_path / "b", Spec(run_id="branch-run", speedup=3.5, seed=2, env=env_b, **b_changes))
-    return a, b
+
+def _side(root: Path, runs: int, speedup: float, first_seed: int, **spec: object) -> Path:
+    """A folder of ``runs`` repeats of one config (different noise each, as separate processes give)."""
+    for k in range(runs):
+        make_run(root, Spec(run_id=f"run{k}", speedup=speedup, seed=first_seed + k, **spec))  # type: ignore[arg-type]
+    return root
 
 
 def _row(table: pd.DataFrame, variant: str, case: str, metric: str) -> pd.Series:
@@ -27,68 +27,80 @@ def _row(table: pd.DataFrame, variant: str, case: str, metric: str) -> pd.Series
     return sel.iloc[0]
 
 
-def test_faster_branch_is_detected_with_engine_statistics(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    run = compare_runs(a, b)
-    table = run.comparison
-    assert compare.engine_compare_latency() is not None
+def test_one_run_per_side_cannot_call_a_latency_difference(tmp_path: Path) -> None:
+    """Two single runs are two samples of the between-run noise: even a 2.5x -> 3.5x change is
+    inconclusive, with the reason and the fix, because nothing says how much runs vary."""
+    a = make_run(tmp_path / "a", Spec(run_id="main-run", speedup=2.5, seed=1))
+    b = make_run(tmp_path / "b", Spec(run_id="branch-run", speedup=3.5, seed=2, env=dict(ENV_GPU, commit=COMMIT_B)))
+    table = compare_runs(a, b).comparison
     fast = _row(table, "triton", "seq=512,bf16", "latency_ms")
-    assert fast["baseline"] == "triton (A)" and fast["verdict"] == "faster"
+    assert fast["baseline"] == "triton (A)" and fast["verdict"] == "inconclusive"
     assert fast["ratio_or_delta"] == pytest.approx(2.5 / 3.5, rel=0.05)
-    assert fast["ci_low"] < fast["ratio_or_delta"] < fast["ci_high"] and fast["p"] < 0.05
-    same = _row(table, "eager", "seq=512,bf16", "latency_ms")
-    assert same["verdict"] in ("equivalent", "inconclusive")
-    assert set(table["metric"]) >= {"latency_ms", "out.rel_err", "peak_bytes"}
+    assert "one run per side" in fast["notes"] and "--repeat" in fast["notes"]
     assert not set(table["metric"]) & {"tflops", "gbps"}  # derived from latency: not repeated
     assert _row(table, "triton", "seq=2048,bf16", "latency_ms")["verdict"] == "failed"
     assert _row(table, "sdpa", "seq=512,bf16", "latency_ms")["verdict"] == "skipped"
-    acc = _row(table, "triton", "seq=1024,bf16", "out.rel_err")
-    assert acc["verdict"] == "fail" and "A failed" in acc["notes"]
-    assert run.envs["A"]["commit"] != run.envs["B"]["commit"]
 
 
-def test_fallback_statistics_when_the_engine_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compare, "engine_compare_latency", lambda: None)
-    a, b = _pair(tmp_path)
+def test_repeated_runs_find_a_planted_slowdown_and_not_an_aa_difference(tmp_path: Path) -> None:
+    base = _side(tmp_path / "a", 5, speedup=2.5, first_seed=10)
+    slower = _side(tmp_path / "b", 5, speedup=2.5 / 1.10, first_seed=20)  # triton 10% slower
+    same = _side(tmp_path / "c", 5, speedup=2.5, first_seed=30)
+    run = compare_runs(base, slower)
+    row = _row(run.comparison, "triton", "seq=512,bf16", "latency_ms")
+    assert row["verdict"] == "slower" and row["ratio_or_delta"] == pytest.approx(1.10, rel=0.02)
+    assert row["ci_low"] > 1.0 and "5 vs 5 run(s)" in row["notes"] and "from the repeats" in row["notes"]
+    assert _row(run.comparison, "eager", "seq=512,bf16", "latency_ms")["verdict"] != "slower"
+    gate = compare_gate(run.comparison)
+    assert gate.exit_code == 1 and any("triton (B) slower" in f for f in gate.failures)
+    aa = compare_runs(base, same).comparison
+    called = aa[aa["verdict"].isin(["faster", "slower", "less", "more", "better", "worse"])]
+    assert called.empty, called[["candidate", "case_id", "metric", "verdict"]]
+    assert compare_gate(aa).exit_code == 0
+
+
+def test_an_accuracy_check_that_passed_in_a_and_fails_in_b_is_a_regression(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", Spec(run_id="a", acc_fail=False))
+    b = make_run(tmp_path / "b", Spec(run_id="b"))
     run = compare_runs(a, b)
-    fast = _row(run.comparison, "triton", "seq=512,bf16", "latency_ms")
-    assert fast["verdict"] == "faster" and "Mann-Whitney" in fast["notes"]
-    assert any("fallback" in n for n in run.notes)
+    acc = _row(run.comparison, "triton", "seq=1024,bf16", "out.rel_err")
+    assert acc["verdict"] == "fail" and "regression: passed in A" in acc["notes"]
+    gate = compare_gate(run.comparison)
+    assert gate.exit_code == 1 and "triton (B) fails out.rel_err in seq=1024,bf16 (passed in A)" in gate.failures
+    assert compare_gate(compare_runs(b, a).comparison).exit_code == 0  # fixed in B: not a regression
 
 
-def test_different_corpora_are_refused_unless_forced(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path, env={"corpus_hash": "deadbeefdeadbeef"})
-    with pytest.raises(CompareError, match="different corpora.*force"):
-        compare_runs(a, b)
-    run = compare_runs(a, b, force=True)
-    assert any("compared anyway" in n for n in run.notes)
+def test_sides_of_different_plugins_cases_devices_or_corpora_are_refused(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", Spec(run_id="a"))
+    for name, spec in (("plugin", Spec(run_id="p", plugin="safe_softmax")), ("case grids", Spec(run_id="c", cases=3)),
+                       ("devices", Spec(run_id="d", gpu=False)),
+                       ("corpora", Spec(run_id="k", env=dict(ENV_GPU, corpus_hash="deadbeefdeadbeef")))):
+        b = make_run(tmp_path / name.replace(" ", "_"), spec)
+        with pytest.raises(CompareError, match=f"refusing to compare: .*{name.split()[0]}.*--force"):
+            compare_runs(a, b)
+        forced = compare_runs(a, b, force=True)
+        assert any("compared anyway (forced)" in n for n in forced.notes)
 
 
-def test_different_devices_and_versions_warn(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path, env={"device_name": "NVIDIA A100", "torch": "2.14.0"})
+def test_different_versions_warn(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", Spec(run_id="a"))
+    b = make_run(tmp_path / "b", Spec(run_id="b", env=dict(ENV_GPU, device_name="NVIDIA A100", torch="2.14.0")))
     notes = compare_runs(a, b).notes
     assert any("device_name differs: A NVIDIA H200, B NVIDIA A100" in n for n in notes)
     assert any("torch differs" in n for n in notes)
 
 
 def test_compare_command_writes_md_html_and_csv(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    paths = compare_command(a, b, tmp_path / "reports", force=False)
+    a = _side(tmp_path / "main", 3, speedup=2.5, first_seed=1)
+    b = _side(tmp_path / "branch", 3, speedup=3.5, first_seed=7)
+    run, paths = compare_command(a, b, tmp_path / "reports", force=False)
     assert set(paths) == {"md", "html", "csv"}
-    assert paths["md"].name == "main-run-vs-branch-run.md"
+    assert paths["md"].name == "main-vs-branch.md"
     md = paths["md"].read_text(encoding="utf-8")
-    assert md.startswith("### microscope compare: B = branch-run vs A = main-run")
-    assert "triton (B) faster than triton (A) in 3/4 cases" in md
-    assert "A: GPU NVIDIA H200" in md and "B: GPU NVIDIA H200" in md
-    assert "commit fedcba987654" in md and "commit 0123456789ab" in md
+    assert md.startswith("### microscope compare: B = 3 runs (run0 ...) vs A = 3 runs (run0 ...)")
+    assert "triton (B) faster than triton (A) in 2/3 correct cases" in md  # one case fails accuracy in B
     assert "triton (B)" in paths["html"].read_text(encoding="utf-8")
-
-
-def test_measurements_in_one_run_only_are_noted(tmp_path: Path) -> None:
-    a = make_run(tmp_path / "a", Spec(run_id="a", cases=3))
-    b = make_run(tmp_path / "b", Spec(run_id="b", cases=4))
-    notes = compare_runs(a, b).notes
-    assert any("only in B" in n and "not compared" in n for n in notes)
+    assert run.comparison is not None and len(pd.read_csv(paths["csv"])) == len(run.comparison)
 
 
 def test_holm_adjustment() -> None:
@@ -100,6 +112,6 @@ def test_holm_adjustment() -> None:
 def test_significance_that_does_not_survive_holm_is_inconclusive() -> None:
     table = pd.DataFrame({"verdict": ["faster", "faster", "slower", "pass"], "p": [0.001, 0.03, 0.04, float("nan")],
                           "notes": ["", "x", "", ""]})
-    out = compare.adjust(table, alpha=0.05)  # Holm: 0.003, 0.06, 0.06
+    out = adjust(table, alpha=0.05)  # Holm: 0.003, 0.06, 0.06
     assert list(out["verdict"]) == ["faster", "inconclusive", "inconclusive", "pass"]
     assert "after Holm over 3 tests" in out.at[1, "notes"] and out.at[1, "notes"].startswith("x; ")

@@ -83,6 +83,9 @@ def test_report_renders_in_headless_chromium(full_run: Path, tmp_path: Path, bro
     assert all(w > 100 for w in sizes), sizes  # laid out, not collapsed
     for table in ("table-significant", "table-comparisons", "table-raw", "table-trials"):
         assert browser.evaluate(f"document.querySelectorAll('#{table} tbody tr').length") > 0, table
+    # the significant-changes table fits the 1400 px window without a horizontal scroll
+    assert browser.evaluate("document.querySelector('table#table-significant')"
+                            ".getBoundingClientRect().right") <= 1400
     shot = browser.screenshot(tmp_path / "report.png")
     assert shot.stat().st_size > 10_000
     print(f"\nscreenshot of the HTML report: {shot}")
