@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The verdict layer's H200 evidence in one device call: the planted variants through `microscope run`
-# (all at once, then an A/A copy, a 3% and a 10% slowdown and an all-zeros kernel alone, for their exit
-# codes) and the default flash_attn run (best-peer rows, console length). Console output of each run
-# goes to $OUT/<name>.txt; a table of exit codes and line counts is printed last.
+# H200 evidence in one device call per part:
+#   bash .ci/gpu_verdicts.sh verdicts    # planted variants (all, then an A/A copy, 3%, 10% and all-zeros
+#                                        # alone, for their exit codes) and the default flash_attn run
+#   bash .ci/gpu_verdicts.sh isolation   # planted crashes (abort, segfault, hang, OOM, device assert,
+#                                        # Triton out-of-bounds store) and flash_attn inline vs local
+# Console output of each run goes into $OUT/consoles.tgz; a table of exit codes, line counts and wall
+# times is printed last.
 set -u
 OUT=${OUT:-/tmp/microscope-gpu}
 mkdir -p "$OUT"
@@ -18,10 +21,23 @@ runone() {  # runone NAME SECONDS ARGS...
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
-runone planted_all 200 ablations/planted_verdicts.yaml
-for v in aa_copy slower_3pct slower_10pct zeros; do
-  runone "planted_$v" 90 ablations/planted_verdicts.yaml --set "variants=[$v]"
+for part in "${@:-verdicts}"; do
+  case $part in
+    verdicts)
+      runone planted_all 200 ablations/planted_verdicts.yaml
+      for v in aa_copy slower_3pct slower_10pct zeros; do
+        runone "planted_$v" 90 ablations/planted_verdicts.yaml --set "variants=[$v]"
+      done
+      runone flash_attn 420 ablations/flash_attn.yaml ;;  # the whole default: ~5 min on the H200
+    isolation)
+      runone planted_crashes 200 ablations/planted_crashes.yaml --quick
+      # two cases of the default (whole default: ~5 min a run), once per executor, for the overhead
+      two=(--set 'cases.seq=[4096]' --set 'cases.head_dim=[128]')
+      runone flash_attn_local 150 ablations/flash_attn.yaml "${two[@]}"
+      runone flash_attn_inline 150 ablations/flash_attn.yaml "${two[@]}" --executor inline ;;
+  esac
 done
-runone flash_attn 200 ablations/flash_attn.yaml
-(cd "$OUT" && find runs -name records.jsonl -o -name comparison.csv -o -name '*.md' | tar czf runs.tgz -T - && rm -rf runs)
+(cd "$OUT" && find runs -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name '*.md' \
+  -o -name 'worker-*.log' |
+  tar czf runs.tgz -T - && rm -rf runs && tar czf consoles.tgz ./*.txt && rm -f ./*.txt)
 printf '%s\n' "${summary[@]}"

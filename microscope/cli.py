@@ -20,6 +20,7 @@ EXIT_CODES = """exit codes:
   0  every gated comparison holds (the config's gate: section; skipped peers are fine)
   1  a candidate fails accuracy, a gated comparison regresses (e.g. "slower"), or a trial failed
   2  bad config, plugin, records or command line: nothing was measured
+  130  interrupted (SIGINT/SIGTERM): what finished is kept; continue with microscope resume DIR
 """
 
 
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="apply the config's quick: overlay (fewer cases/rounds)")
     run.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results/)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
-    run.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+    run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                      help="override config fields, e.g. --set workload.steps=60 dimensions.throughput.rounds=20")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     run.add_argument("--reports", type=Path, default=None,
@@ -45,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", "-v", action="store_true",
                      help="also print every variant and case, and every comparison row")
     run.add_argument("--no-report", action="store_true", help="write records only, no reports")
+    _executor_arguments(run)
+    run.add_argument("--resume", type=Path, default=None, metavar="RESULTS_DIR",
+                     help="continue an interrupted run in RESULTS_DIR (its finished groups are kept)")
+    res = sub.add_parser("resume", help="continue an interrupted run the way it was started (its run.json)",
+                         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    res.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")
+    for flag, text in (("--no-progress", "no progress bar (logs, CI)"), ("--no-report", "write records only"),
+                       ("--verbose", "also print every comparison row")):
+        res.add_argument(flag, action="store_true", help=text)
+    res.add_argument("--reports", type=Path, default=None, help="where the reports go (default: the run's folder)")
+    _executor_arguments(res)
     rep = sub.add_parser("report", help="rebuild the reports of a saved run (nothing is rerun)")
     rep.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")
     rep.add_argument("--format", nargs="+", default=["md", "html"], choices=["md", "html"])
@@ -63,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="for config sides")
     cmp.add_argument("--quick", action="store_true", help="for config sides")
     cmp.add_argument("--seed", type=int, default=0, help="for config sides (every run uses the same seed)")
-    cmp.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="for config sides")
+    cmp.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="for config sides")
     cmp.add_argument("--results", type=Path, default=Path("results"), help="where config sides' runs go")
     cmp.add_argument("--out", type=Path, default=Path("reports"))
     cmp.add_argument("--force", action="store_true",
@@ -78,6 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     tb.add_argument("--port", type=int, default=6006)
     history_command.add_arguments(sub)
     return p
+
+
+def _executor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", choices=["local", "inline", "ray"], default=None,
+                        help="where trial groups run (default: the config's executor.kind, local: worker processes)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="worker processes (default: one per GPU, one on CPU)")
+    parser.add_argument("--retry-failed", action="store_true", help="with --resume: rerun groups that failed too")
+    parser.add_argument("--force", action="store_true", help="with --resume: continue even if the config changed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return commands.run(args, console)
+        if args.command == "resume":
+            return commands.resume(args, console)
         if args.command == "list":
             return commands.list_plugins(args, console)
         if args.command == "validate":

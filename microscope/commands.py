@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,7 +22,7 @@ from microscope import device as devmod
 from microscope import registry
 from microscope.api import RegistrationError
 
-EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_RESULTS, DEFAULT_REPORTS = Path("results"), Path("reports")
 
 
@@ -72,45 +73,153 @@ def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = 
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from microscope.model_runner import ModelRunner
-    from microscope.runner import Runner
-
+    """``microscope run CONFIG``, or with ``--resume DIR`` the continuation of an interrupted run."""
+    if args.resume is not None:
+        return _resume(args.resume, console, args=args)
     try:
         device = devmod.resolve(_requested_device(args.config, args.device))
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
-    interpreted = devmod.prepare(device)
+    return _execute(args, console, device, _overrides(args), run_dir=None)
+
+
+def resume(args: argparse.Namespace, console: Console) -> int:
+    """``microscope resume DIR``: the run in DIR continued the way it was started (``run.json``)."""
+    return _resume(args.results_dir, console, args=args)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
     try:
         overrides = dict(cfgmod.parse_assignment(item) for item in args.set)
     except cfgmod.ConfigError as exc:
         raise UserError(str(exc)) from exc
     if args.seed is not None:
         overrides["seed"] = args.seed
+    return overrides
+
+
+def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int:
+    from microscope.run_state import RunState
+
+    try:
+        state = RunState.load(run_dir)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    if state is None:
+        raise UserError(f"{run_dir}: not a run folder that can be resumed (no run.json); start it with "
+                        "microscope run CONFIG")
+    if getattr(args, "config", None) is not None and args.command == "run":
+        config_path, device, quick, overrides = args.config, None, args.quick, _overrides(args)
+        try:
+            device = devmod.resolve(_requested_device(args.config, args.device))
+        except devmod.DeviceError as exc:
+            raise UserError(str(exc)) from exc
+        problems = state.mismatch(config_path, device, quick, overrides)
+    else:
+        config_path, device, quick, overrides = Path(state.config), state.device, state.quick, state.overrides
+        problems = state.mismatch(config_path, device, quick, overrides) if config_path.exists() else [
+            f"the config {config_path} no longer exists"]
+    if problems and not args.force:
+        raise UserError(f"{run_dir}: cannot resume: " + "; ".join(problems) + "; resume with the same config and "
+                        "options, or add --force to continue anyway")
+    resumed = argparse.Namespace(**{"out": Path(run_dir).parent, **vars(args), "config": Path(config_path),
+                                    "quick": quick})
+    return _execute(resumed, console, device, overrides, run_dir=Path(run_dir), state=state)
+
+
+def _execute(args: argparse.Namespace, console: Console, device: str, overrides: dict, *, run_dir: Path | None,
+             state=None) -> int:  # noqa: ANN001 - a RunState
+    """Load, run every trial group on the chosen executor, then print, gate and report."""
+    from microscope.executors import Resume, RunSpec, make_executor
+    from microscope.model_runner import ModelRunner
+    from microscope.run_state import RunState
+    from microscope.runner import Runner
+
+    interpreted = devmod.prepare(device)
     config, plugin = load_checked(args.config, device, args.quick, overrides)
     text = args.config.read_text(encoding="utf-8")
+    kind = args.executor or config.executor.kind
+    jobs = args.jobs or config.executor.jobs
     console.print(Text.assemble(("microscope ", "bold"), f"{plugin.name} on ", (device, "bold"),
                                 f" ({devmod.device_name(device)}){' --quick' if args.quick else ''}, "
-                                f"seed {config.seed}"))
+                                f"seed {config.seed}, executor {kind}" + (" (resumed)" if run_dir else "")))
+    model_level = cfgmod.effective_level(config, plugin) == "model"
+    runner_cls = ModelRunner if model_level else Runner  # same constructor and RunResult
+    out_root = run_dir.parent if run_dir else args.out
+    runner = runner_cls(plugin, config, device=device, interpreted=interpreted, out_root=out_root, config_text=text,
+                        run_id=run_dir.name if run_dir else None)
+    runner.out_dir.mkdir(parents=True, exist_ok=True)
+    previous = None
+    if run_dir is not None:
+        try:
+            previous = Resume.prepare(run_dir, retry_failed=args.retry_failed)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+    else:
+        (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
+    planned = sum(len(b) for b in runner.planned_groups())
+    state = state or RunState(config=str(args.config.resolve()), config_hash=runner.env.get("config_hash", ""),
+                              device=device, quick=args.quick, overrides=overrides, executor=kind,
+                              groups_planned=planned)
+    state.status, state.resumes = "running", state.resumes + (run_dir is not None)
+    state.save(runner.out_dir)
+    spec = RunSpec(config_path=str(args.config.resolve()), device=device, quick=args.quick, overrides=overrides,
+                   run_id=runner.run_id, out_root=str(Path(out_root).resolve()), env=runner.env, cwd=str(Path.cwd()),
+                   memory_limit_gb=config.executor.memory_limit_gb)
+    try:
+        executor = make_executor(kind, runner, spec, jobs=jobs, timeout_s=config.timeout_s,
+                                 address=config.executor.address)
+    except ImportError as exc:
+        raise UserError(f"{config.where('executor.kind')}: executor: {exc}") from exc
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=args.no_progress, transient=True) as progress:
-        model_level = cfgmod.effective_level(config, plugin) == "model"
-        runner_cls = ModelRunner if model_level else Runner  # same constructor and RunResult
-        runner = runner_cls(plugin, config, device=device, interpreted=interpreted, out_root=args.out,
-                            config_text=text)
         task = progress.add_task("planning", total=runner.steps())
 
         def advance(message: str) -> None:
+            if message.startswith(("instrument:", "dropped ")) or "group failed" in message or "GPU" in message:
+                progress.console.print(Text(message, style="yellow"))
             progress.update(task, description=message[:60])
             if not message.startswith("measuring"):
                 progress.advance(task)
 
         runner.on_progress = advance
-        (runner.out_dir).mkdir(parents=True, exist_ok=True)
-        (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
-        result = runner.run()
+        result = runner.run(executor, resume=previous, max_wall_s=config.executor.max_wall_s)
+    outcome = result.outcome
+    _save_state(state, outcome)
+    state.save(result.out_dir)
     _save_comparison(result.out_dir, config.stats)
-    return finish_run(result.out_dir, config, console, verbose=args.verbose, seconds=result.seconds,
+    code = finish_run(result.out_dir, config, console, verbose=args.verbose, seconds=result.seconds,
                       reports=None if args.no_report else _reports_dir(args, result.out_dir))
+    return _final_code(code, outcome, result.out_dir, console)
+
+
+def _save_state(state, outcome) -> None:  # noqa: ANN001 - RunState, RunOutcome
+    state.groups_finished = len(outcome.finished)
+    state.groups_failed = len(outcome.failed)
+    state.failed_groups = [{"group": g["group"], "reason": g.get("reason")} for g in outcome.failed]
+    state.stopped = outcome.stopped
+    if outcome.stopped and outcome.stopped.startswith("interrupted"):
+        state.status = "interrupted"
+    elif outcome.unfinished:
+        state.status = "out of budget"
+    else:
+        state.status = "complete"
+
+
+def _final_code(code: int, outcome, run_dir: Path, console: Console) -> int:  # noqa: ANN001 - RunOutcome
+    """The gate's exit code, raised for failed or unfinished groups (130 when interrupted)."""
+    if outcome.failed:
+        console.print(Text(f"{len(outcome.failed)} trial group(s) failed (their reasons are at the top of the "
+                           f"reports); rerun them with: microscope resume {run_dir} --retry-failed", style="red"))
+        code = max(code, EXIT_FAILED_TRIALS)
+    if outcome.unfinished or outcome.stopped:
+        done = len(outcome.finished)
+        console.print(Text(f"partial run ({outcome.stopped or 'stopped'}): {done} of {done + len(outcome.unfinished)} "
+                           f"trial groups finished; continue with: microscope resume {run_dir}", style="yellow"))
+        if outcome.stopped and outcome.stopped.startswith("interrupted"):
+            return EXIT_INTERRUPTED
+        code = max(code, EXIT_FAILED_TRIALS)
+    return code
 
 
 def _reports_dir(args: argparse.Namespace, run_dir: Path) -> Path:
@@ -259,7 +368,7 @@ def compare(args: argparse.Namespace, console: Console) -> int:
     from microscope.report.publish import compare_command
     from microscope.report.verdict_console import gate_line, print_verdicts
 
-    sides = [_compare_side(path, label, args, console) for path, label in ((args.run_a, "A"), (args.run_b, "B"))]
+    sides = _compare_sides([(args.run_a, "A"), (args.run_b, "B")], args, console)
     try:
         run, paths = compare_command(sides[0], sides[1], args.out, force=args.force)
     except ReportError as exc:
@@ -278,24 +387,38 @@ def compare(args: argparse.Namespace, console: Console) -> int:
 def _compare_side(path: Path, label: str, args: argparse.Namespace, console: Console) -> Path:
     """A side to compare: a run folder or a folder of runs as given, or a config run ``--repeat`` times,
     each in a fresh process (the run is the unit: one process is one sample of the between-run noise)."""
-    if path.suffix not in (".yaml", ".yml"):
-        if not path.exists():
-            raise UserError(f"{path}: no such run folder or config")
-        return path
-    if not path.is_file():
-        raise UserError(f"{path}: no such config file")
+    return _compare_sides([(path, label)], args, console)[0]
+
+
+def _compare_sides(sides: list[tuple[Path, str]], args: argparse.Namespace, console: Console) -> list[Path]:
+    """Each side as a folder of runs. Config sides run ``--repeat`` times in fresh processes, taking
+    turns (A B, B A, A B, ...), so a change of machine load during the compare falls on both sides alike
+    instead of looking like a difference between them."""
+    folders: list[Path] = []
+    configs: list[tuple[Path, str, Path]] = []
+    for path, label in sides:
+        if path.suffix not in (".yaml", ".yml"):
+            if not path.exists():
+                raise UserError(f"{path}: no such run folder or config")
+            folders.append(path)
+            continue
+        if not path.is_file():
+            raise UserError(f"{path}: no such config file")
+        folder = args.results / f"compare-{label}-{new_stamp()}"
+        configs.append((path, label, folder))
+        folders.append(folder)
     repeat = args.repeat or 3
-    folder = args.results / f"compare-{label}-{new_stamp()}"
     for i in range(repeat):
-        console.print(Text(f"compare: side {label}, run {i + 1}/{repeat} of {path} (fresh process)", style="dim"))
-        cmd = [sys.executable, "-m", "microscope.cli", "run", str(path), "--out", str(folder), "--no-report",
-               "--no-progress", "--seed", str(args.seed)]
-        cmd += (["--device", args.device] if args.device else []) + (["--quick"] if args.quick else [])
-        cmd += ["--set", *args.set] if args.set else []
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode == EXIT_BAD_INPUT:
-            raise UserError(f"{path}: the run refused its config:\n{done.stderr.strip()[-2000:]}")
-    return folder
+        for path, label, folder in (configs if i % 2 == 0 else configs[::-1]):
+            console.print(Text(f"compare: side {label}, run {i + 1}/{repeat} of {path} (fresh process)", style="dim"))
+            cmd = [sys.executable, "-m", "microscope.cli", "run", str(path), "--out", str(folder), "--no-report",
+                   "--no-progress", "--seed", str(args.seed)]
+            cmd += (["--device", args.device] if args.device else []) + (["--quick"] if args.quick else [])
+            cmd += ["--set", *args.set] if args.set else []
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == EXIT_BAD_INPUT:
+                raise UserError(f"{path}: the run refused its config:\n{done.stderr.strip()[-2000:]}")
+    return folders
 
 
 def new_stamp() -> str:

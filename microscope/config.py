@@ -120,6 +120,17 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class ExecutorConfig:
+    """Where trial groups run and the run's guards (README "Isolation, resume and executors")."""
+
+    kind: Literal["local", "inline", "ray"] = "local"  # worker processes | this process | Ray tasks
+    jobs: int | None = None  # workers (local) or tasks in flight (ray); null: one per GPU, one on CPU
+    max_wall_s: float | None = None  # the run's budget: groups not finished by then are left to --resume
+    memory_limit_gb: float | None = None  # CPU workers' address-space cap (a runaway allocation fails its group)
+    address: str = "auto"  # ray: a cluster address; auto: a running cluster, else a local Ray
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     """Model level: the embedded workload every arm is trained and evaluated on.
 
@@ -166,13 +177,14 @@ class RunConfig:
     seed: int = 0
     repeats: int = 1  # accuracy: independent input draws per case
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    timeout_s: float = 600.0  # per trial group (one case of one plugin) when run in a subprocess
+    timeout_s: float = 600.0  # per trial group (a case, or a seed of a model run) in a worker process
     variants: tuple[str, ...] = ()  # subset to run; empty = all (the baseline always runs)
     cases: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # axis -> values
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)  # hooks, traces, TensorBoard
     # provenance: where the config came from and which line each dotted field was written on
     path: str = "<inline>"
@@ -236,6 +248,9 @@ BOUNDS: dict[str, Bounds] = {
     "dimensions.throughput.reps": _whole(1, 100_000),
     "dimensions.throughput.input_sets": _whole(1, 1000),
     "dimensions.throughput.check_rounds": _whole(0, 100_000),
+    "executor.jobs": _whole(1, 1024),
+    "executor.max_wall_s": Bounds(0, 30 * 24 * 3600, low_open=True),  # a month
+    "executor.memory_limit_gb": Bounds(0, 1 << 20, low_open=True),
     "stats.alpha": Bounds(0, 1, low_open=True, high_open=True),
     "stats.min_band": Bounds(0, 1, high_open=True),
     "gate.memory_growth": Bounds(0, 1000),

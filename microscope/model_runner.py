@@ -20,18 +20,19 @@ generalization), ``throughput.enabled`` the speed records, ``memory.enabled`` th
 from __future__ import annotations
 
 import functools
-import time
+from collections.abc import Iterator
 
 from microscope.api import Ablation, Arm, Case, Role
 from microscope.config import RunConfig
+from microscope.executors.groups import Group
 from microscope.instrument import RunLogger
 from microscope.model_measures import Measurement, stage_metrics
 from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
-from microscope.runner import INTERPRETER_NOTE, RunBase, RunResult, _describe, skip_reason
+from microscope.runner import INSTRUMENTS_GROUP, INTERPRETER_NOTE, RunBase, _describe, skip_reason
 from microscope.stats.sequential import SequentialPlan, undecided
-from microscope.store.records import Record, RecordWriter
+from microscope.store.records import Record
 
 __all__ = ["ModelRunner", "plan_arms"]
 
@@ -51,6 +52,8 @@ class ModelRunner(RunBase):
     def _setup(self) -> None:
         workload = self.config.workload
         self.case = Case.of(profile=workload.profile, task=workload.task)
+        self._data: WorkloadData | None = None
+        self._tb: RunLogger | None = None
 
     # -- planning -----------------------------------------------------------------------------
     def arms(self) -> list[tuple[str, Arm]]:
@@ -100,58 +103,106 @@ class ModelRunner(RunBase):
             for dimension, metric in owed:
                 self._emit(seed, name, arm, Measurement(dimension, metric, None, reason=reason), status)
 
-    # -- the run ------------------------------------------------------------------------------
-    def run(self) -> RunResult:
-        start = time.perf_counter()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+    # -- the executor's view ------------------------------------------------------------------
+    def batches(self) -> Iterator[list[Group]]:
+        """The instruments' one step per arm, then one group per seed (all arms: they share the
+        baseline's weights and losses); with ``workload.max_seeds`` one more seed at a time until every
+        gating test is decided (a look at the records between two batches)."""
+        names = tuple(n for n, _ in self.arms())
+        if self.config.instrument.enabled:
+            yield [Group(INSTRUMENTS_GROUP, "instruments", names)]
         workload = self.config.workload
-        arms = self.arms()
+        yield [Group(f"seed {k}", f"seed {k + 1}", names) for k in range(workload.seeds)]
+        sequential = self._sequential()
+        if sequential is None:
+            return
+        completed = workload.seeds
+        while completed < sequential.max_seeds and not self._decided(sequential, completed):
+            yield [Group(f"seed {completed}", f"seed {completed + 1}", names)]
+            completed += 1
+        if sequential.seeds_run != completed:  # the budget ran out: the last look
+            self._decided(sequential, completed)
+        sequential.save(self.out_dir)
+
+    def planned_groups(self) -> list[list[Group]]:
+        names = tuple(n for n, _ in self.arms())
+        first = [[Group(INSTRUMENTS_GROUP, "instruments", names)]] if self.config.instrument.enabled else []
+        return first + [[Group(f"seed {k}", f"seed {k + 1}", names) for k in range(self.config.workload.seeds)]]
+
+    def run_group(self, group: Group, exclude: frozenset[str] = frozenset()) -> None:
+        self._group = group.key
+        active = self._active([(n, a) for n, a in self.arms() if n not in exclude], group)
+        if active is None:
+            return
+        data = self._data
+        if group.key == INSTRUMENTS_GROUP:
+            self._observe(active, data)
+            return
+        k = int(group.key.split()[1])
+        seeds = TrialSeeds.of(self.config.seed, k)
+        plan = self.plan(first_seed=k == 0)
+        baseline = BaselineRef(keep_weights=any(arm.inference_only for _, arm in active))
+        for name, arm in active:
+            self.mark(name)
+            self.on_progress(f"seed {k + 1}/{self.config.workload.seeds}: {name}")
+            notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []
+            emit = functools.partial(self._emit, seeds.trial, name, arm)
+            trial = Trial(arm, seeds, self.config.workload, data, self.device, plan, emit, baseline, notes)
+            trial.run()
+            if self._logger() is not None and trial.result is not None:
+                log_training(self._logger(), name, k, trial.result)
+
+    def _active(self, arms: list[tuple[str, Arm]], group: Group) -> list[tuple[str, Arm]] | None:
+        """The arms that run in ``group`` after loading the corpus (None: it failed, every arm recorded);
+        skipped arms are recorded once, in the first seed's group."""
         seed0 = TrialSeeds.of(self.config.seed, 0).trial
-        with RecordWriter(self.out_dir / "records.jsonl") as writer:
-            self._writer = writer
+        if self._data is None:
             try:
-                data = WorkloadData.load(workload)
+                self._data = WorkloadData.load(self.config.workload)
             except Exception as exc:  # noqa: BLE001 - a corpus that cannot be read fails every arm, visibly
-                why = f"workload data failed to load: {_describe(exc)}"
-                self.env = {**self.env, "corpus_hash": None}
-                for name, arm in arms:
-                    self._emit_all(seed0, name, arm, "failed", why)
-                self._writer = None
-                return self._result(start)
-            self.env = {**self.env, "corpus_hash": data.sha256, "corpus": data.description}
-            active = []
-            for name, arm in arms:
-                reason = skip_reason(arm, self.case, self.device)  # type: ignore[arg-type]  # same needs/supports
-                if reason is None:
-                    active.append((name, arm))
-                else:
-                    self._emit_all(seed0, name, arm, "skipped", reason)
-            logger = self._observe(active, data)
-            sequential = self._sequential()
-            completed = 0
-            for k in range(sequential.max_seeds if sequential else workload.seeds):
-                if sequential and k >= workload.seeds and self._decided(sequential, k):
-                    break
-                completed = k + 1
-                seeds = TrialSeeds.of(self.config.seed, k)
-                plan = self.plan(first_seed=k == 0)
-                baseline = BaselineRef(keep_weights=any(arm.inference_only for _, arm in active))
-                for name, arm in active:
-                    self.on_progress(f"seed {k + 1}/{workload.seeds}: {name}")
-                    notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []
-                    emit = functools.partial(self._emit, seeds.trial, name, arm)
-                    trial = Trial(arm, seeds, workload, data, self.device, plan, emit, baseline, notes)
-                    trial.run()
-                    if logger is not None and trial.result is not None:
-                        log_training(logger, name, k, trial.result)
-            if sequential:
-                if sequential.seeds_run != completed:  # the budget ran out: the last look
-                    self._decided(sequential, completed)
-                sequential.save(self.out_dir)
-            if logger is not None:
-                logger.close()
-        self._writer = None
-        return self._result(start)
+                if group.key != INSTRUMENTS_GROUP:
+                    why = f"workload data failed to load: {_describe(exc)}"
+                    self.env = {**self.env, "corpus_hash": None}
+                    for name, arm in arms:
+                        self._emit_all(seed0, name, arm, "failed", why)
+                return None
+            self.env = {**self.env, "corpus_hash": self._data.sha256, "corpus": self._data.description}
+        active = []
+        for name, arm in arms:
+            reason = skip_reason(arm, self.case, self.device)  # type: ignore[arg-type]  # same needs/supports
+            if reason is None:
+                active.append((name, arm))
+            elif group.key == "seed 0":
+                self._emit_all(seed0, name, arm, "skipped", reason)
+        return active
+
+    def failure_records(self, group: Group, variant: str | None, reason: str) -> list[Record]:
+        if group.key == INSTRUMENTS_GROUP:
+            return []
+        k = int(group.key.split()[1])
+        seed = TrialSeeds.of(self.config.seed, k).trial
+        out: list[Record] = []
+        sink, self.sink, self._group = self.sink, out.append, group.key
+        try:
+            for name, arm in self.arms():
+                if variant is None or name == variant:
+                    plan = self.plan(first_seed=k == 0)
+                    for owed in plan.values():
+                        for dimension, metric in owed:
+                            self._emit(seed, name, arm, Measurement(dimension, metric, None, reason=reason), "failed")
+        finally:
+            self.sink = sink
+        return out
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def _logger(self) -> RunLogger | None:
+        if self._tb is None and self.config.instrument.tensorboard:
+            self._tb = RunLogger(self.out_dir / "tensorboard")
+        return self._tb
 
     def _sequential(self) -> SequentialPlan | None:
         """The sequential plan when ``workload.max_seeds`` allows more seeds than ``workload.seeds``."""
@@ -172,14 +223,12 @@ class ModelRunner(RunBase):
                                                          f"{undecided(table)} undecided"))
         return done
 
-    def _observe(self, active: list[tuple[str, Arm]], data: WorkloadData) -> RunLogger | None:
-        """Hooks, op and trace diffs of one step per arm (before training); the TensorBoard logger."""
+    def _observe(self, active: list[tuple[str, Arm]], data: WorkloadData) -> None:
+        """Hooks, op and trace diffs of one step per arm (before training)."""
         icfg = self.config.instrument
-        logger = RunLogger(self.out_dir / "tensorboard") if icfg.tensorboard else None
         if active and icfg.enabled:
             self.on_progress("instruments: one step per arm")
             problems = observe_models(active, self.config.workload, data, TrialSeeds.of(self.config.seed, 0),
-                                      self.device, icfg, self.out_dir, logger)
+                                      self.device, icfg, self.out_dir, self._logger())
             for problem in problems:
                 self.on_progress(f"instrument: {problem}")
-        return logger

@@ -17,20 +17,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from microscope import env as envmod
 from microscope.api import Ablation, Case, Role, Tolerance, Variant, dtype_name, grid
 from microscope.config import RunConfig, ThroughputConfig
+from microscope.device import synchronize
+from microscope.executors.groups import Group, Resume, RunOutcome
 from microscope.measures import accuracy, memory, throughput
 from microscope.measures.calls import as_tensors, cotangents, fresh_inputs, make_call, output_names
 from microscope.measures.ceilings import Ceilings
 from microscope.measures.gpu_state import GpuSampler
 from microscope.seeding import derive_seed, generator, seed_everything
-from microscope.store.records import Record, RecordWriter
+from microscope.store.records import Record
 
+if TYPE_CHECKING:
+    from microscope.executors import Executor
+
+#: The key of the operator runner's last group: traces and op diffs of every case.
+INSTRUMENTS_GROUP = "instruments"
 INTERPRETER_NOTE = "Triton ran through its CPU interpreter: timings describe the interpreter, not the kernel"
 
 
@@ -42,6 +49,7 @@ class RunResult:
     interpreted: bool
     device: str
     seconds: float
+    outcome: RunOutcome | None = None  # groups complete, failed, left undone (interrupted or out of budget)
 
     @property
     def failed(self) -> list[Record]:
@@ -97,10 +105,20 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _no_mark(_name: str) -> None:
+    """The inline executor's mark: nothing to tell."""
+
+
+_no_mark.noop = True  # type: ignore[attr-defined]
+
+
 class RunBase:
     """What every runner shares: the run's identity and folder, its environment, and the record stream.
 
-    Subclasses add their own state in ``_setup`` and implement ``run() -> RunResult``.
+    A run is a list of trial groups (``groups.Group``: one case, or one seed of a model-level run); an
+    executor runs each group, in this process or in a worker process, and the driver is the only writer
+    of ``records.jsonl``. Subclasses implement ``batches`` (the groups, in batches the runner may look
+    between), ``run_group`` (one group, records through ``_write``) and ``failure_records``.
     """
 
     def __init__(
@@ -124,21 +142,55 @@ class RunBase:
         self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
         self.on_progress = on_progress or (lambda _msg: None)
         self.records: list[Record] = []
-        self._writer: RecordWriter | None = None
+        #: where ``_write`` sends each record: the executor's per-group buffer
+        self.sink: Callable[[Record], None] = self.records.append
+        #: called with the name of the variant (or arm) about to run, so a worker that dies names it
+        self.mark: Callable[[str], None] = _no_mark
+        self._group = ""
         self._setup()
 
     def _setup(self) -> None:
         """Runner-specific state (called at the end of ``__init__``)."""
 
     def _write(self, record: Record) -> None:
-        """Keep ``record`` and stream it to ``records.jsonl`` at once."""
-        self.records.append(record)
-        assert self._writer is not None, "records are written only while run() holds the file open"
-        self._writer.write(record)
+        """Hand ``record`` to the executor's sink (the driver streams it to ``records.jsonl``)."""
+        record.group = self._group
+        self.sink(record)
+
+    # -- the executor's view ------------------------------------------------------------------
+    def batches(self) -> Iterator[list[Group]]:
+        """The run's trial groups, in batches; the runner may read the records written between two."""
+        raise NotImplementedError
+
+    def planned_groups(self) -> list[list[Group]]:
+        """The groups known before the run starts (a sequential model run may add seeds later)."""
+        raise NotImplementedError
+
+    def run_group(self, group: Group, exclude: frozenset[str] = frozenset()) -> None:
+        """Run one group in this process, leaving out the variants in ``exclude``."""
+        raise NotImplementedError
+
+    def failure_records(self, group: Group, variant: str | None, reason: str) -> list[Record]:
+        """Failed records for ``variant`` (None: every variant) of a group whose worker died."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the runner holds open (TensorBoard writers)."""
+
+    def run(self, executor: Executor | None = None, *, resume: Resume | None = None,
+            max_wall_s: float | None = None) -> RunResult:
+        """Run every group on ``executor`` (default: inline, in this process) and return the result."""
+        from microscope.executors.driver import Driver
+        from microscope.executors.inline import InlineExecutor
+
+        start = time.perf_counter()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.outcome = Driver(self, executor or InlineExecutor(self), resume=resume, max_wall_s=max_wall_s).run()
+        return self._result(start)
 
     def _result(self, start: float) -> RunResult:
         return RunResult(self.run_id, self.out_dir, self.records, self.interpreted, self.device,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, getattr(self, "outcome", None))
 
 
 class Runner(RunBase):
@@ -146,7 +198,6 @@ class Runner(RunBase):
 
     def _setup(self) -> None:
         self.ceilings: Ceilings | None = None
-        self._to_observe: list[tuple[Case, int, list[tuple[str, Variant]]]] = []
         #: case id -> variant -> output tensor -> the error its timed calls may show (None: not checked)
         self._accepted: dict[str, dict[str, dict[str, float | None]]] = {}
         self._gpu = GpuSampler() if self.device == "cuda" else None
@@ -176,30 +227,78 @@ class Runner(RunBase):
         )
         self._write(record)
 
-    # -- the run ------------------------------------------------------------------------------
-    def run(self) -> RunResult:
-        start = time.perf_counter()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        variants = plan_variants(self.plugin, self.config)
-        if self.device == "cuda" and self.config.dimensions.throughput.enabled:
+    # -- the executor's view ------------------------------------------------------------------
+    def batches(self) -> Iterator[list[Group]]:
+        """One group per case (all its variants: interleaving and identical inputs need them together),
+        then one group for the instruments, which patch process-wide hooks and so run after every
+        measurement."""
+        names = tuple(n for n, _ in plan_variants(self.plugin, self.config))
+        yield [Group(f"case {case.id}", case.id, names) for case in plan_cases(self.plugin, self.config)]
+        if self.config.instrument.profile.enabled or self.config.instrument.dataflow:
+            yield [Group(INSTRUMENTS_GROUP, "instruments", names)]
+
+    def planned_groups(self) -> list[list[Group]]:
+        return list(self.batches())
+
+    def run_group(self, group: Group, exclude: frozenset[str] = frozenset()) -> None:
+        self._group = group.key
+        variants = [(n, v) for n, v in plan_variants(self.plugin, self.config) if n not in exclude]
+        if group.key == INSTRUMENTS_GROUP:
+            self._instruments(variants)
+            return
+        case = next(c for c in plan_cases(self.plugin, self.config) if c.id == group.label)
+        if self.device == "cuda" and self.config.dimensions.throughput.enabled and self.ceilings is None:
             self.on_progress("measuring device ceilings (matmul TFLOP/s, copy GB/s)")
             self.ceilings = Ceilings.measure()
-        with RecordWriter(self.out_dir / "records.jsonl") as writer:
-            self._writer = writer
-            for case in plan_cases(self.plugin, self.config):
-                self._run_case(case, variants)
-        # Instruments run after every measurement of the run: the profiler and the op tracer patch
-        # process-wide hooks (and torch.compile caches may see them), which must never touch a number.
-        for case, seed, timed in self._to_observe:
-            self.on_progress(f"{case.id}: instruments")
-            try:
-                self._observe(case, seed, self.plugin.inputs(case, generator(seed), self.device), timed)
-            except Exception as exc:  # an instrument never fails a run whose numbers are recorded
-                self.on_progress(f"instrument: {case.id}: {_describe(exc)}")
-        self._writer = None
+        self._run_case(case, variants)
+
+    def failure_records(self, group: Group, variant: str | None, reason: str) -> list[Record]:
+        if group.key == INSTRUMENTS_GROUP:
+            return []
+        case = next(c for c in plan_cases(self.plugin, self.config) if c.id == group.label)
+        dims = [d for d in ("accuracy", "throughput", "memory") if getattr(self.config.dimensions, d).enabled]
+        seed0 = derive_seed(self.config.seed, self.plugin.name, case.id, 0)
+        out: list[Record] = []
+        sink, self.sink, self._group = self.sink, out.append, group.key
+        try:
+            for name, v in plan_variants(self.plugin, self.config):
+                if variant is None or name == variant:
+                    for dim in dims:
+                        self._emit(case, seed0, name, v, dim, _MAIN_METRIC[dim], None, status="failed", reason=reason)
+        finally:
+            self.sink = sink
+        return out
+
+    def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
-        return self._result(start)
+            self.tensorboard = None
+
+    def _instruments(self, variants: Sequence[tuple[str, Variant]]) -> None:
+        """Traces and op diffs per case, of the variants that ran (an instrument never fails a run)."""
+        ran = self._ran_variants()
+        for case in plan_cases(self.plugin, self.config):
+            timed = [(n, v) for n, v in variants if n in ran.get(case.id, set())]
+            if not timed:
+                continue
+            self.on_progress(f"{case.id}: instruments")
+            seed = derive_seed(self.config.seed, self.plugin.name, case.id, 0)
+            try:
+                self._observe(case, seed, self.plugin.inputs(case, generator(seed), self.device), timed)
+            except Exception as exc:
+                self.on_progress(f"instrument: {case.id}: {_describe(exc)}")
+
+    def _ran_variants(self) -> dict[str, set[str]]:
+        """case id -> variants with a measured (ok) record, read from the records written so far."""
+        from microscope.store.records import read_records
+
+        path = self.out_dir / "records.jsonl"
+        ran: dict[str, set[str]] = {}
+        if path.exists():
+            for rec in read_records(path):
+                if rec.get("status") == "ok" and rec.get("dimension") in ("throughput", "memory", "accuracy"):
+                    ran.setdefault(str(rec.get("case_id")), set()).add(str(rec.get("variant")))
+        return ran
 
     def _run_case(self, case: Case, variants: Sequence[tuple[str, Variant]]) -> None:
         dims = self.config.dimensions
@@ -245,8 +344,6 @@ class Runner(RunBase):
         if dims.memory.enabled:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
-        if self.config.instrument.profile.enabled or self.config.instrument.dataflow:
-            self._to_observe.append((case, seed0, timed))
 
     # -- dimensions ---------------------------------------------------------------------------
     def _grad_names(self, case: Case, backward: bool) -> tuple[str, ...]:
@@ -281,8 +378,10 @@ class Runner(RunBase):
         errors: dict[str, dict[str, accuracy.TensorError]] = {}
         self._accepted.setdefault(case.id, {})
         for name, variant in active:
+            self.mark(name)
             try:
                 got = accuracy.evaluate(variant, inputs, grad_names, cots)
+                synchronize(self.device)  # an asynchronous CUDA error belongs to this variant, not the next
                 errors[name] = {t: accuracy.compare(t, got[t], truth[t], tol) for t in truth if t in got}
                 missing = [t for t in truth if t not in got]
                 if missing:
@@ -335,7 +434,7 @@ class Runner(RunBase):
             cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
         for name, variant in timed:
             buffers[name] = fresh_inputs(inputs, grad_names if variant.differentiable else ())
-            thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
+            thunks[name] = self._marked(name, make_call(variant, buffers[name], grad_names, bool(grad_names), cots))
         rotation = self._rotation(case, seed, inputs, buffers, cfg)
         results = throughput.interleaved(thunks, cfg, self.device, rotation=rotation,
                                          gpu_state=self._gpu.sample if self._gpu is not None else None)
@@ -375,6 +474,19 @@ class Runner(RunBase):
                     extra["ceiling"] = ceiling
                 self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
                            details=extra)
+
+    def _marked(self, name: str, thunk: Callable[[], Any]) -> Callable[[], Any]:
+        """``thunk`` that first tells the executor which variant is running (in a worker process only:
+        inline runs call the thunk itself, adding nothing to the timed path)."""
+        mark = self.mark
+        if getattr(mark, "noop", False):
+            return thunk
+
+        def call() -> Any:
+            mark(name)
+            return thunk()
+
+        return call
 
     def _rotation(self, case: Case, seed: int, inputs: dict[str, Any], buffers: dict[str, dict[str, Any]],
                   cfg: ThroughputConfig) -> throughput.Rotation:
@@ -462,6 +574,7 @@ class Runner(RunBase):
             cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
         mode = "forward+backward" if grad_names else "forward"
         for name, variant in timed:
+            self.mark(name)
             try:
                 x = fresh_inputs(inputs, grad_names if variant.differentiable else ())
                 thunk = make_call(variant, x, grad_names, bool(grad_names), cots)

@@ -438,6 +438,10 @@ def headlines(run: RunData) -> list[Headline]:
     dimension order and, within a dimension, regressions first."""
     out = from_comparison(run.comparison) if run.comparison is not None else []
     covered = {h.dimension for h in out}
+    if run.comparison is not None and len(run.comparison):
+        # a dimension whose rows are all "not judged" (wrong variants) has its say in the accuracy line;
+        # raw speed ratios of a wrong kernel are not a result to headline
+        covered |= set(run.comparison["dimension"])
     missing = [d for d in run.dimensions if d not in covered]
     if len(run.records):
         out += from_records(run.records, missing)

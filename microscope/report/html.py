@@ -98,6 +98,7 @@ def render_html(run: RunData) -> str:
         "env": env_lines(run),
         "headlines": headlines(run),
         "caveats": caveats(run),
+        "progress": run.progress.lines() if run.progress is not None else [],
         "findings": instrument_findings(run),
         "significant": (table_view(significant_table(significant_rows(comp), show_plugin)) if has_comp
                         else None),

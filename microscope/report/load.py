@@ -18,6 +18,8 @@ import pandas as pd
 
 from microscope.stats.table import TABLE_COLUMNS
 
+from .run_progress import RunProgress, read_progress
+
 #: The statistics engine's table, in its column order (one list, owned by ``microscope.stats.table``).
 COMPARISON_COLUMNS = TABLE_COLUMNS
 NUMERIC_COLUMNS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj",
@@ -56,6 +58,7 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     title: str = ""
     path: Path | None = None
+    progress: RunProgress | None = None  # failed trial groups, partial run: what a report says first
 
     @property
     def env(self) -> dict[str, Any]:
@@ -235,4 +238,4 @@ def load_run(results_dir: Path) -> RunData:
                      "out, raw numbers are shown")
     return RunData(run_id=run_id, records=records, comparison=comparison, envs={"": env},
                    config_text=config_text, notes=notes, title=f"microscope run {run_id}", path=folder,
-                   **instruments)
+                   progress=read_progress(folder), **instruments)

@@ -82,6 +82,16 @@ def _headline_block(items: list[Headline]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def _progress_block(run: RunData) -> str:
+    """Failed trial groups and an unfinished run, before any verdict."""
+    lines = run.progress.lines() if run.progress is not None else []
+    out = []
+    for text, items in lines:
+        out.append(f"- \u274c **{esc(text)}**")
+        out += [f"  - {esc(item)}" for item in items]
+    return "\n".join(out) + "\n\n" if out else ""
+
+
 def _caveat_block(run: RunData) -> str:
     items = caveats(run)
     if not items:
@@ -128,7 +138,7 @@ def render_markdown(run: RunData, max_chars: int = MAX_CHARS) -> str:
         comp is not None and len(comp) and comp["plugin"].nunique() > 1)
     sig_cols = [c for c in _SIG_COLS if c != "plugin" or show_plugin]
 
-    top = _title(run) + _headline_block(headlines(run))
+    top = _title(run) + _progress_block(run) + _headline_block(headlines(run))
     top += "**Environment:** " + " <br> ".join(esc(line) for line in env_lines(run)) + "\n\n"
     top += _caveat_block(run)
     findings = instrument_findings(run)

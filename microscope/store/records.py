@@ -21,6 +21,7 @@ Record fields:
 ``device``      cpu | cuda; ``interpreted`` true when Triton ran through its CPU interpreter
 ``env``         git commit, python/torch/triton versions, device name, config hash, corpus hash
 ``time``        ISO-8601 UTC time of the measurement
+``group``       the trial group that produced it (``case <id>``, ``seed <k>``): what ``--resume`` skips or reruns
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Record:
     interpreted: bool = False
     env: dict[str, Any] = field(default_factory=dict)
     time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    group: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -64,7 +64,8 @@ def test_headline_sentences_per_dimension(default_run: Path) -> None:
     head = md[: md.index("**Environment:**")]
     # the case where triton fails accuracy is not a speed or memory win (KernelBench's fast_p)
     assert "triton faster than eager in 2/3 correct cases (×2.5); 1 not judged, 1 failed" in head
-    assert "triton: 7/8 accuracy checks pass, 1 fail (worst: out.rel\\_err 3.10e-02 in seq=1024); all checks pass in 3/4 cases" in head
+    assert ("triton: 7/8 accuracy checks pass, 1 fail (worst: out.rel\\_err 3.10e-02 in seq=1024); "
+            "all checks pass in 3/4 cases") in head
     assert "triton uses less peak memory than eager in 2/3 correct cases (−40.0%); 1 not judged, 1 failed" in head
     assert "**not measured here**: sdpa (needs the flash backend of SDPA (sm80+))" in head
 

@@ -1,0 +1,159 @@
+"""The worker process of the local executor: rebuilds the runner from a ``RunSpec`` and runs groups.
+
+Messages to the parent go over one pipe: ``("ready",)`` once the runner is built (the group's time
+limit starts then, not while torch imports), ``("record", Record)`` as each is measured, ``("progress",
+text)``, and ``("done", key, notes, replace)`` after a group. The name of the variant running at any
+moment sits in shared memory (``marker``), so when this process dies or hangs the parent knows whom
+to blame without a message. stdout and stderr go to the worker's log, whose last lines become the
+reason of a crash.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from microscope.runner import RunBase
+
+#: Errors after which a CUDA context is unusable: the worker leaves, the parent starts a fresh one.
+STICKY_CUDA = re.compile(r"illegal memory access|device-side assert|unspecified launch failure|"
+                         r"misaligned address|illegal instruction|CUDA error: an illegal", re.IGNORECASE)
+#: A group after which the GPU holds this much more than after the worker's previous group leaked (the
+#: first group sets the level: cuBLAS workspaces, the L2-flush buffer and caches stay by design).
+LEAK_BYTES = 64 * 2**20
+GROUP_BANNER = "=== microscope group: "
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a worker needs to rebuild the runner of the parent (picklable; paths are absolute)."""
+
+    config_path: str
+    device: str
+    quick: bool
+    overrides: dict[str, Any]
+    run_id: str
+    out_root: str
+    env: dict[str, Any]
+    cwd: str
+    memory_limit_gb: float | None = None
+
+    def build(self) -> RunBase:
+        from microscope import commands
+        from microscope import config as cfgmod
+        from microscope import device as devmod
+        from microscope.model_runner import ModelRunner
+        from microscope.runner import Runner
+
+        os.chdir(self.cwd)
+        interpreted = devmod.prepare(self.device)
+        config, plugin = commands.load_checked(Path(self.config_path), self.device, self.quick, dict(self.overrides))
+        model_level = cfgmod.effective_level(config, plugin) == "model"
+        cls = ModelRunner if model_level else Runner
+        text = Path(self.config_path).read_text(encoding="utf-8")
+        runner = cls(plugin, config, device=self.device, interpreted=interpreted, out_root=Path(self.out_root),
+                     config_text=text, run_id=self.run_id)
+        runner.env = dict(self.env)
+        return runner
+
+
+def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
+    """Serve groups until the parent sends ``None`` (or this process must be replaced)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    faulthandler.enable(file=sys.stderr)  # a segfault leaves its Python stack in the log
+    if spec.memory_limit_gb and spec.device == "cpu":
+        import resource
+
+        limit = int(spec.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    runner = spec.build()
+    conn.send(("ready",))
+
+    def mark(name: str) -> None:
+        marker.value = name.encode("utf-8", "replace")[:255]
+
+    def sink(record: Any) -> None:
+        if record.status == "failed" and record.reason and STICKY_CUDA.search(record.reason):
+            mark(record.variant)
+            conn.send(("poisoned", record.variant, record.reason))
+            os._exit(3)  # the context is gone for every later call; the parent reruns without this variant
+        conn.send(("record", record))
+
+    runner.mark = mark
+    runner.sink = sink
+    runner.on_progress = lambda message: conn.send(("progress", message))
+    free_at_start = _gpu_free(spec.device)
+    level: list[int] = []  # GPU memory allocated after the first group
+    while True:
+        task = conn.recv()
+        if task is None:
+            break
+        group, exclude = task
+        print(f"{GROUP_BANNER}{group.key}", file=sys.stderr, flush=True)
+        notes = _gpu_notes(spec.device, free_at_start)
+        marker.value = b""
+        runner.run_group(group, exclude)
+        marker.value = b""
+        replace, health = _health(spec.device, level)
+        conn.send(("done", group.key, notes + health, replace))
+        if replace:
+            break
+    runner.close()
+    conn.close()
+
+
+def _gpu_free(device: str) -> int | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def _gpu_notes(device: str, free_at_start: int | None) -> list[str]:
+    """GPU memory held by others at a group's start (another process, or a leak this worker kept)."""
+    if device != "cuda" or free_at_start is None:
+        return []
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    if free < free_at_start - 2**30:
+        return [f"GPU memory: {(free_at_start - free) / 2**30:.1f} GiB less free than when the worker started "
+                f"({free / 2**30:.1f} of {total / 2**30:.1f} GiB free at this group's start)"]
+    return []
+
+
+def _health(device: str, level: list[int]) -> tuple[bool, list[str]]:
+    """(replace this worker?, notes): a poisoned CUDA context or a leak ends the worker after its group."""
+    if device != "cuda":
+        return False, []
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+    except Exception as exc:  # noqa: BLE001 - any error here means the context cannot be trusted
+        return True, [f"CUDA context unusable after the group ({type(exc).__name__}: {str(exc)[:200]}); "
+                      "the next group gets a fresh worker"]
+    gc.collect()
+    torch.cuda.empty_cache()
+    left = torch.cuda.memory_allocated()
+    if not level:
+        level.append(left)
+    elif left > level[0] + LEAK_BYTES:
+        return True, [f"the group left {(left - level[0]) / 2**20:.0f} MiB more allocated on the GPU than the "
+                      "worker's first group (a leak); the next group gets a fresh worker, so it is not inherited"]
+    return False, []

@@ -1,0 +1,199 @@
+"""Process isolation, resume and executors through the real CLI: crashes, hangs, kills and interrupts.
+
+Every run here is a real ``microscope run`` of a small config; the planted_crashes candidates abort,
+segfault and hang for real in spawned worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from microscope import cli
+from microscope.executors.groups import read_group_log
+from microscope.store.records import read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+CRASHES = ROOT / "ablations" / "planted_crashes.yaml"
+FAST = ["dimensions.throughput.rounds=3", "dimensions.throughput.reps=1", "dimensions.throughput.warmup=1"]
+
+
+def _run(args: list[str]) -> int:
+    return cli.main(["run", *args, "--device", "cpu", "--no-progress", "--no-report"])
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return list(read_records(run_dir))
+
+
+def _only_run(root: Path) -> Path:
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def test_crashing_and_hanging_candidates_fail_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = _run([str(CRASHES), "--quick", "--out", str(tmp_path), "--set", "timeout_s=4",
+                 "variants=[correct,aborts,segfaults,hangs]", *FAST])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    recs = _records(_only_run(tmp_path))
+    by_variant: dict[str, list[dict]] = {}
+    for rec in recs:
+        by_variant.setdefault(rec["variant"], []).append(rec)
+    # the correct candidate and the baseline are measured in every dimension
+    for name in ("eager", "correct"):
+        dims = {r["dimension"] for r in by_variant[name] if r["status"] == "ok"}
+        assert dims == {"accuracy", "throughput", "memory"}, (name, by_variant[name])
+    reasons = {name: {r["reason"] for r in by_variant[name]} for name in ("aborts", "segfaults", "hangs")}
+    assert all("SIGABRT" in why for why in reasons["aborts"]), reasons
+    assert all("SIGSEGV" in why for why in reasons["segfaults"]), reasons
+    assert all("timed out after 4 s" in why for why in reasons["hangs"]), reasons
+    assert all(r["status"] == "failed" for n in reasons for r in by_variant[n])
+    (group,) = read_group_log(_only_run(tmp_path))
+    assert group["status"] == "failed" and set(group["culprits"]) == {"aborts", "segfaults", "hangs"}
+    assert "trial group(s) failed" in out and "--retry-failed" in out
+    # the report says so before any verdict, one line per variant that took the worker down
+    assert cli.main(["report", str(_only_run(tmp_path)), "--out", str(tmp_path / "rep"), "--format", "md"]) == 0
+    md = next((tmp_path / "rep").glob("*.md")).read_text()
+    top = md[: md.index("**accuracy**")]
+    assert "1 of 1 trial groups failed" in top and "--retry-failed" in top
+    for name, why in (("aborts", "SIGABRT"), ("segfaults", "SIGSEGV"), ("hangs", "timed out after 4 s")):
+        assert any(f": {name}: " in line and why in line for line in top.splitlines()), (name, top)
+
+
+def test_inline_executor_dies_with_the_process(tmp_path: Path) -> None:
+    """Why isolation exists: the same abort inline kills the run itself (SIGABRT, nothing after)."""
+    done = subprocess.run([sys.executable, "-m", "microscope.cli", "run", str(CRASHES), "--quick", "--device", "cpu",
+                           "--executor", "inline", "--out", str(tmp_path), "--no-progress", "--no-report",
+                           "--set", "variants=[aborts]", *FAST], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGABRT
+
+
+def _toy_config(tmp_path: Path, rows: str = "[9, 17, 33, 65]") -> Path:
+    """planted_crashes with only its correct candidate: one cheap group per row count."""
+    cfg = tmp_path / "softmax.yaml"
+    cfg.write_text(CRASHES.read_text(encoding="utf-8").replace("plugin: planted_crashes", f"plugin: planted_crashes\n"
+                   f"variants: [correct]\ncases: {{rows: {rows}}}"), encoding="utf-8")
+    cfg.write_text(cfg.read_text().replace("seed: 0", "seed: 3") + "\n")
+    return cfg
+
+
+def _trial_keys(recs: list[dict]) -> list[tuple]:
+    return sorted((r["variant"], r["case_id"], r["dimension"], r["metric"], r["seed"]) for r in recs)
+
+
+def _accuracy_values(recs: list[dict]) -> dict[tuple, float]:
+    return {(r["variant"], r["case_id"], r["metric"]): r["value"] for r in recs if r["dimension"] == "accuracy"}
+
+
+def test_sigterm_stops_cleanly_and_resume_completes_the_run(tmp_path: Path) -> None:
+    cfg = _toy_config(tmp_path)
+    ref_code = _run([str(cfg), "--out", str(tmp_path / "ref")])
+    assert ref_code == 0
+    ref = _records(_only_run(tmp_path / "ref"))
+
+    out = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "microscope.cli", "run", str(cfg), "--device", "cpu", "--out",
+                             str(out), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # stop it once one group is finished and before the last
+        logs = list(out.glob("*/groups.jsonl"))
+        if logs and logs[0].read_text().count("\n") >= 1:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=120)
+    run_dir = _only_run(out)
+    state = json.loads((run_dir / "run.json").read_text())
+    if state["groups_finished"] < state["groups_planned"]:  # it was cut (on a fast machine it may have ended)
+        assert proc.returncode == 130, text
+        assert state["status"] == "interrupted" and "microscope resume" in text
+        assert list(run_dir.glob("*.md")), "the reports of what finished are written"
+    assert cli.main(["resume", str(run_dir), "--no-progress", "--no-report"]) == 0
+    got = _records(run_dir)
+    assert _trial_keys(got) == _trial_keys(ref)  # every trial exactly once
+    assert _accuracy_values(got) == _accuracy_values(ref)  # bit for bit on CPU
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+
+
+def test_resume_drops_a_cut_group_and_a_torn_last_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = _toy_config(tmp_path, "[9, 17]")
+    assert _run([str(cfg), "--out", str(tmp_path), "--executor", "inline"]) == 0
+    run_dir = _only_run(tmp_path)
+    full = _records(run_dir)
+    groups = (run_dir / "groups.jsonl").read_text().splitlines()
+    (run_dir / "groups.jsonl").write_text(groups[0] + "\n")  # the second group never said it finished
+    with (run_dir / "records.jsonl").open("a") as fh:
+        fh.write('{"run_id": "x", "plugin": "flash_at')  # a kill in the middle of a write
+    capsys.readouterr()
+    assert cli.main(["run", str(cfg), "--resume", str(run_dir), "--no-progress", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "(resumed)" in out
+    got = _records(run_dir)
+    assert _trial_keys(got) == _trial_keys(full) and _accuracy_values(got) == _accuracy_values(full)
+
+
+def test_resume_refuses_a_changed_config_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = _toy_config(tmp_path, "[9]")
+    assert _run([str(cfg), "--out", str(tmp_path), "--executor", "inline"]) == 0
+    run_dir = _only_run(tmp_path)
+    cfg.write_text(cfg.read_text().replace("seed: 3", "seed: 4"))
+    assert cli.main(["resume", str(run_dir), "--no-progress", "--no-report"]) == 2
+    assert "changed since the run started" in capsys.readouterr().err
+    assert cli.main(["resume", str(run_dir), "--no-progress", "--no-report", "--force"]) == 0
+    assert cli.main(["resume", str(tmp_path / "nothing"), "--no-progress"]) == 2
+
+
+def test_max_wall_s_leaves_a_resumable_partial_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = _toy_config(tmp_path, "[9, 17, 33]")
+    code = _run([str(cfg), "--out", str(tmp_path), "--executor", "inline", "--set", "executor.max_wall_s=0.001"])
+    out = capsys.readouterr().out
+    assert code == 1 and "partial run (max_wall_s" in out
+    run_dir = _only_run(tmp_path)
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["status"] == "out of budget" and state["groups_finished"] == 1
+    assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "rep"), "--format", "md"]) == 0
+    md = next((tmp_path / "rep").glob("*.md")).read_text()
+    assert "Partial run: 1 of 3 trial groups finished (max\\_wall\\_s" in md[: md.index("**accuracy**")]
+    # each resume gets the same budget and finishes at least one more group
+    codes = [cli.main(["resume", str(run_dir), "--no-progress", "--no-report", "--executor", "inline"]) for _ in (1, 2)]
+    assert codes == [1, 0]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+
+
+def _comparable(run_dir: Path) -> pd.DataFrame:
+    table = pd.read_csv(run_dir / "comparison.csv")
+    acc = table[table["dimension"] == "accuracy"]
+    return acc[["candidate", "case_id", "metric", "ratio_or_delta", "verdict"]].sort_values(
+        ["candidate", "case_id", "metric"]).reset_index(drop=True)
+
+
+def test_two_jobs_give_the_same_records_as_one(tmp_path: Path) -> None:
+    cfg = _toy_config(tmp_path, "[9, 17]")
+    assert _run([str(cfg), "--out", str(tmp_path / "one")]) == 0
+    assert _run([str(cfg), "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    one, two = _only_run(tmp_path / "one"), _only_run(tmp_path / "two")
+    assert _trial_keys(_records(one)) == _trial_keys(_records(two))
+    assert _accuracy_values(_records(one)) == _accuracy_values(_records(two))
+    pd.testing.assert_frame_equal(_comparable(one), _comparable(two))
+    assert len(list((two / "workers").glob("worker-*.log"))) == 2
+
+
+@pytest.mark.skipif(os.environ.get("MICROSCOPE_SKIP_RAY") == "1", reason="MICROSCOPE_SKIP_RAY=1")
+def test_ray_executor_on_a_local_ray_matches_local(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    cfg = _toy_config(tmp_path, "[9, 17]")
+    assert _run([str(cfg), "--out", str(tmp_path / "local")]) == 0
+    assert _run([str(cfg), "--out", str(tmp_path / "ray"), "--executor", "ray", "--jobs", "2"]) == 0
+    local, ray_dir = _only_run(tmp_path / "local"), _only_run(tmp_path / "ray")
+    assert _trial_keys(_records(local)) == _trial_keys(_records(ray_dir))
+    assert _accuracy_values(_records(local)) == _accuracy_values(_records(ray_dir))
+    pd.testing.assert_frame_equal(_comparable(local), _comparable(ray_dir))
