@@ -4,6 +4,8 @@
 #                                        # alone, for their exit codes) and the default flash_attn run
 #   bash .ci/gpu_verdicts.sh isolation   # planted crashes (abort, segfault, hang, OOM, device assert,
 #                                        # Triton out-of-bounds store) and flash_attn inline vs local
+#   bash .ci/gpu_verdicts.sh leak overhead  # a GPU leak across groups, a Triton OOB store alone; inline vs
+#                                        # local on two flash_attn cases, each from empty compile caches
 # Console output of each run goes into $OUT/consoles.tgz; a table of exit codes, line counts and wall
 # times is printed last.
 set -u
@@ -35,6 +37,17 @@ for part in "${@:-verdicts}"; do
       two=(--set 'cases.seq=[4096]' --set 'cases.head_dim=[128]')
       runone flash_attn_local 150 ablations/flash_attn.yaml "${two[@]}"
       runone flash_attn_inline 150 ablations/flash_attn.yaml "${two[@]}" --executor inline ;;
+    leak)  # a variant that keeps 512 MiB per shape alive, and a Triton store 4 TiB out of bounds
+      runone crashes_leaks 120 ablations/planted_crashes.yaml --quick --set 'variants=[correct,leaks]'
+      runone crashes_triton_oob 120 ablations/planted_crashes.yaml --quick --set 'variants=[correct,triton_oob]' ;;
+    overhead)  # inline vs local, each with empty Triton and Inductor caches (compiles counted in both)
+      two=(--set 'cases.seq=[4096]' --set 'cases.head_dim=[128]')
+      for kind in inline local; do
+        export TRITON_CACHE_DIR=$OUT/cache-$kind/triton TORCHINDUCTOR_CACHE_DIR=$OUT/cache-$kind/inductor
+        runone "cold_$kind" 200 ablations/flash_attn.yaml "${two[@]}" --executor $kind
+        rm -rf "$OUT/cache-$kind"
+      done
+      unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR ;;
   esac
 done
 (cd "$OUT" && find runs -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name '*.md' \

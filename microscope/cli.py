@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="for config sides")
     cmp.add_argument("--results", type=Path, default=Path("results"), help="where config sides' runs go")
     cmp.add_argument("--out", type=Path, default=Path("reports"))
+    cmp.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                     help="write both sides' TensorBoard logs into DIR (A-<variant>, B-<variant>) with the diff of "
+                          "each variant's graph between the sides (diff-B-<variant>); view: microscope tensorboard DIR")
     cmp.add_argument("--force", action="store_true",
                      help="compare even sides of different plugins, devices, case grids or corpora")
     lst = sub.add_parser("list", help="list plugins, their variants and cases")

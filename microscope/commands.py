@@ -130,6 +130,8 @@ def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int
 def _execute(args: argparse.Namespace, console: Console, device: str, overrides: dict, *, run_dir: Path | None,
              state=None) -> int:  # noqa: ANN001 - a RunState
     """Load, run every trial group on the chosen executor, then print, gate and report."""
+    import torch
+
     from microscope.executors import Resume, RunSpec, make_executor
     from microscope.model_runner import ModelRunner
     from microscope.run_state import RunState
@@ -165,7 +167,7 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
     state.save(runner.out_dir)
     spec = RunSpec(config_path=str(args.config.resolve()), device=device, quick=args.quick, overrides=overrides,
                    run_id=runner.run_id, out_root=str(Path(out_root).resolve()), env=runner.env, cwd=str(Path.cwd()),
-                   memory_limit_gb=config.executor.memory_limit_gb)
+                   memory_limit_gb=config.executor.memory_limit_gb, threads=torch.get_num_threads())
     try:
         executor = make_executor(kind, runner, spec, jobs=jobs, timeout_s=config.timeout_s,
                                  address=config.executor.address)
@@ -381,7 +383,26 @@ def compare(args: argparse.Namespace, console: Console) -> int:
     console.print(gate_line(gate))
     for path in paths.values():
         console.print(Text(f"report: {path}"))
+    if args.tensorboard is not None:
+        _side_by_side(sides, args.tensorboard, console)
     return gate.exit_code
+
+
+def _side_by_side(sides: list[Path], out: Path, console: Console) -> None:
+    """``compare --tensorboard DIR``: both sides' sub-runs and each shared variant's graph diff."""
+    from microscope.instrument.tb_compare import write_side_by_side
+
+    try:
+        done = write_side_by_side(sides[0], sides[1], out)
+    except OSError as exc:
+        raise UserError(f"{exc.filename or out}: cannot write the TensorBoard logs ({exc.strerror or exc})") from exc
+    for note in done.notes:
+        console.print(Text(f" ! tensorboard: {note}", style="yellow"))
+    for variant, headline in done.diffs.items():
+        console.print(Text(f"tensorboard: {variant}, graph of B against A: {headline}"))
+    if done.subruns:
+        console.print(Text(f"tensorboard: {len(done.subruns)} sub-runs in {out}; view with: "
+                           f"microscope tensorboard {out}"))
 
 
 def _compare_side(path: Path, label: str, args: argparse.Namespace, console: Console) -> Path:

@@ -197,3 +197,17 @@ def test_ray_executor_on_a_local_ray_matches_local(tmp_path: Path) -> None:
     assert _trial_keys(_records(local)) == _trial_keys(_records(ray_dir))
     assert _accuracy_values(_records(local)) == _accuracy_values(_records(ray_dir))
     pd.testing.assert_frame_equal(_comparable(local), _comparable(ray_dir))
+
+
+def test_workers_use_the_parents_threads_whatever_ray_sets(tmp_path: Path) -> None:
+    """Ray exports OMP_NUM_THREADS=1 to its workers; a CPU matmul's bits depend on the thread count, so a
+    worker takes the parent's count (flash_attn's grad_q rel_err differed in its 4th digit without this)."""
+    cfg = _toy_config(tmp_path, "[9]")
+    code = (f"import torch; from microscope.executors.worker import RunSpec\n"
+            f"spec = RunSpec(config_path={str(cfg)!r}, device='cpu', quick=True, overrides={{}}, run_id='t', "
+            f"out_root={str(tmp_path)!r}, env={{}}, cwd={str(tmp_path)!r}, threads=2)\n"
+            "before = torch.get_num_threads(); spec.build(); print(before, torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "2"]

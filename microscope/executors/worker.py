@@ -45,8 +45,11 @@ class RunSpec:
     env: dict[str, Any]
     cwd: str
     memory_limit_gb: float | None = None
+    threads: int | None = None  # the parent's intra-op threads: a CPU reduction's order, so its bits, follow them
 
     def build(self) -> RunBase:
+        import torch
+
         from microscope import commands
         from microscope import config as cfgmod
         from microscope import device as devmod
@@ -54,6 +57,8 @@ class RunSpec:
         from microscope.runner import Runner
 
         os.chdir(self.cwd)
+        if self.threads:  # Ray sets OMP_NUM_THREADS=1 in its workers; the numbers must not depend on the executor
+            torch.set_num_threads(self.threads)
         interpreted = devmod.prepare(self.device)
         config, plugin = commands.load_checked(Path(self.config_path), self.device, self.quick, dict(self.overrides))
         model_level = cfgmod.effective_level(config, plugin) == "model"

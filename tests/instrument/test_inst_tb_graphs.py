@@ -163,3 +163,24 @@ def test_graphs_tab_shows_the_diff_run(model_run: Path, tmp_path: Path) -> None:
     assert {"same", "removed", "added", "removed/blocks.0/attn/attn_fn/_softmax",
             "added/blocks.0/attn/attn_fn/FlashAttentionFn"} <= set(shown)
     assert out.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_compare_cli_writes_both_sides_graphs_and_their_diff(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = Path(__file__).resolve().parents[2] / "ablations" / "planted_crashes.yaml"
+    runs = []
+    for side in ("a", "b"):
+        assert cli_main(["run", str(config), "--quick", "--device", "cpu", "--executor", "inline", "--no-progress",
+                         "--no-report", "--out", str(tmp_path / side), "--set", "variants=[correct]",
+                         "instrument.tensorboard=true", "dimensions.throughput.rounds=3"]) == 0
+        (run,) = (tmp_path / side).iterdir()
+        runs.append(run)
+    capsys.readouterr()
+    assert cli_main(["compare", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "rep"),
+                     "--tensorboard", str(tmp_path / "tb")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tensorboard: correct, graph of B against A: 0 ops removed, 0 added, 0 changed" in out
+    assert f"microscope tensorboard {tmp_path / 'tb'}" in out
+    for sub in ("A-eager", "A-correct", "B-eager", "B-correct", "diff-B-correct"):
+        assert _read(tmp_path / "tb" / sub).Tags()["graph"] is True, sub
+    softmax = {n.name for n in _read(tmp_path / "tb" / "A-correct").Graph().node}
+    assert any("softmax" in name for name in softmax), softmax
