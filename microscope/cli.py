@@ -1,4 +1,4 @@
-"""``microscope run | list | validate | report | compare | history | tensorboard``: the command line.
+"""``microscope run | list | validate | report | compare | history | regress | baseline | tensorboard``: the CLI.
 
 Exit codes (the contract with CI; ``EXIT_CODES`` is what ``--help`` prints): 0 every gated comparison
 holds, 1 a candidate fails accuracy, a gated comparison regresses or a trial failed, 2 bad config,
@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from microscope import __version__, history_command
+from microscope import __version__, baseline_command, history_command, regress
 
 EXIT_CODES = """exit codes:
   0  every gated comparison holds (the config's gate: section; skipped peers are fine)
@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", "-v", action="store_true",
                      help="also print every variant and case, and every comparison row")
     run.add_argument("--no-report", action="store_true", help="write records only, no reports")
+    run.add_argument("--history", type=Path, default=None, metavar="PATH",
+                     help="add the finished run to this history file (gate pass when the exit code is 0); "
+                          "the HTML report then shows its trends")
     _executor_arguments(run)
     run.add_argument("--resume", type=Path, default=None, metavar="RESULTS_DIR",
                      help="continue an interrupted run in RESULTS_DIR (its finished groups are kept)")
@@ -61,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")
     rep.add_argument("--format", nargs="+", default=["md", "html"], choices=["md", "html"])
     rep.add_argument("--out", type=Path, default=Path("reports"))
+    rep.add_argument("--history", type=Path, default=None, metavar="PATH",
+                     help="add a Trends section (this plugin on this run's machine) from this history file")
     cmp = sub.add_parser(
         "compare", help="how side B differs from side A (e.g. main vs a branch), the run as the unit",
         description="Each side is a run folder, a folder of run folders (repeats), or a config file that "
@@ -92,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     tb.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     tb.add_argument("--port", type=int, default=6006)
     history_command.add_arguments(sub)
+    regress.add_arguments(sub)
+    baseline_command.add_arguments(sub)
     return p
 
 
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_tensorboard(args.results_dir, host=args.host, port=args.port)
     if args.command == "history":
         return history_command.main(args, console, err)
+    if args.command == "baseline":
+        return baseline_command.main(args, console, err)
     from microscope import commands  # imported late: the device must be chosen before plugins load
 
     try:
@@ -131,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.report(args, console)
         if args.command == "compare":
             return commands.compare(args, console)
+        if args.command == "regress":
+            return regress.main(args, console)
     except commands.UserError as exc:
         # the message is printed as text: a name or value in it may look like rich markup ("[/]")
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)

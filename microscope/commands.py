@@ -192,7 +192,7 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
     _save_comparison(result.out_dir, config.stats)
     code = finish_run(result.out_dir, config, console, verbose=args.verbose, seconds=result.seconds,
                       reports=None if args.no_report else _reports_dir(args, result.out_dir))
-    return _final_code(code, outcome, result.out_dir, console)
+    return _append_history(args, _final_code(code, outcome, result.out_dir, console), result.out_dir, console)
 
 
 def _save_state(state, outcome) -> None:  # noqa: ANN001 - RunState, RunOutcome
@@ -294,12 +294,33 @@ def read_records_lenient(path: Path) -> list[dict]:
     return read_record_lines(path)[0]
 
 
-def _write_reports(results_dir: Path, formats, out: Path, console: Console) -> None:  # noqa: ANN001
+def _append_history(args: argparse.Namespace, code: int, run_dir: Path, console: Console) -> int:
+    """``run --history PATH``: the finished run goes into the history (gate pass when it exits 0) and its
+    HTML report is redrawn with a Trends section; an unusable history file is a ``UserError`` (exit 2).
+    An interrupted run (exit 130) is not added."""
+    path = getattr(args, "history", None)
+    if path is None or code not in (EXIT_OK, EXIT_FAILED_TRIALS):
+        return code
+    from microscope.history_command import append_run_to_history
+    from microscope.store.history_schema import HistoryError
+
+    try:
+        done = append_run_to_history(run_dir, path, passed=code == EXIT_OK)
+    except HistoryError as exc:
+        raise UserError(str(exc)) from exc
+    console.print(Text(f"history: {done.describe(path)}"), highlight=False, soft_wrap=True)
+    if not args.no_report:
+        _write_reports(run_dir, ("html",), _reports_dir(args, run_dir), console, history=path)
+    return code
+
+
+def _write_reports(results_dir: Path, formats, out: Path, console: Console,  # noqa: ANN001
+                   history: Path | None = None) -> None:
     from microscope.report.load import ReportError
     from microscope.report.publish import report_command
 
     try:
-        paths = report_command(results_dir, formats, out)
+        paths = report_command(results_dir, formats, out, history=history)
     except ReportError as exc:
         raise UserError(str(exc)) from exc
     for path in paths.values():
@@ -317,7 +338,7 @@ def report(args: argparse.Namespace, console: Console) -> int:
         raise UserError(f"{folder}: no such results folder (expected results/<run-id>/ holding records.jsonl)")
     _complete_statistics(folder, console)
     try:
-        _write_reports(folder, args.format, args.out, console)
+        _write_reports(folder, args.format, args.out, console, history=getattr(args, "history", None))
     except OSError as exc:
         raise UserError(f"{exc.filename or folder}: cannot read or write the report ({exc.strerror or exc}); "
                         "check the path and its permissions") from exc

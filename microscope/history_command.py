@@ -61,16 +61,16 @@ class Appended:
 
 
 def append_run_to_history(results_dir: Path | str, db_path: Path | str, branch: str | None = None,
-                          passed: bool | None = None) -> Appended:
+                          passed: bool | None = None, commit: str | None = None) -> Appended:
     """Add one finished run to the history at ``db_path`` (created if missing); ``HistoryError`` if unusable.
 
     ``passed``: the run's gate outcome (``microscope run --history`` knows it); None: the default gate
-    over the run's saved comparison table decides.
+    over the run's saved comparison table decides. ``commit`` overrides the commit the run recorded.
     """
     from microscope.store.history import History, default_gate
     from microscope.store.run_summary import summarize_run
 
-    summary = summarize_run(results_dir, branch=branch)
+    summary = summarize_run(results_dir, branch=branch, commit=commit)
     gate = default_gate(Path(results_dir)) if passed is None else passed
     with History.open(db_path, create=True) as history:
         machines = history.machines()
@@ -94,6 +94,9 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
     add.add_argument("results_dir", type=Path, help="e.g. results/20261203-171138-flash_attn")
     add.add_argument("--db", type=Path, default=DEFAULT_PATH, help=f"history file (default {DEFAULT_PATH})")
     add.add_argument("--branch", default=None, help="branch name (default: the one the run recorded)")
+    add.add_argument("--commit", default=None,
+                     help="commit label (default: the one the run recorded, e.g. <sha>+dirty for a run from an "
+                          "uncommitted tree)")
     show = actions.add_parser("show", help="series, latest values and detected steps; --plot draws trends")
     show.add_argument("--db", type=Path, default=DEFAULT_PATH, help=f"history file (default {DEFAULT_PATH})")
     show.add_argument("--plugin", default=None)
@@ -131,7 +134,7 @@ def _run_folders(path: Path) -> list[Path]:
 
 def _add(args: argparse.Namespace, console: Console) -> int:
     for folder in _run_folders(args.results_dir):
-        done = append_run_to_history(folder, args.db, branch=args.branch)
+        done = append_run_to_history(folder, args.db, branch=args.branch, commit=args.commit)
         console.print(Text(done.describe(args.db)), highlight=False, soft_wrap=True)
         for note in done.notes:
             console.print(Text(f"note: {note}", style="yellow"), highlight=False, soft_wrap=True)

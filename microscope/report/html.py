@@ -86,8 +86,8 @@ def environment() -> Environment:
                        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
-def render_html(run: RunData) -> str:
-    """The whole report as one HTML string."""
+def render_html(run: RunData, trends: tuple[list, str] | None = None) -> str:
+    """The whole report as one HTML string; ``trends``: (``TrendChart`` list, note) from ``trends.run_trends``."""
     comp = run.comparison
     show_plugin = bool(len(run.records) and run.records["plugin"].nunique() > 1) or bool(
         comp is not None and len(comp) and comp["plugin"].nunique() > 1)
@@ -110,6 +110,7 @@ def render_html(run: RunData) -> str:
         "instruments": [(title, table_view(t)) for title, t in instrument_tables(run)],
         "graph_figures": graph_figures,
         "graphs_left_out": graphs_left_out,
+        "trends": trends,
         "config": run.config_text,
         "version": __version__,
     }

@@ -33,8 +33,9 @@ def _check_formats(formats: Iterable[str]) -> list[str]:
 
 
 def write_run_reports(run: RunData, out_dir: Path, formats: Sequence[str] = FORMATS,
-                      stem: str | None = None) -> dict[str, Path]:
-    """Render ``run`` in each format into ``<out_dir>/<stem>.<format>``; returns format -> path."""
+                      stem: str | None = None, trends: tuple[list, str] | None = None) -> dict[str, Path]:
+    """Render ``run`` in each format into ``<out_dir>/<stem>.<format>``; returns format -> path.
+    ``trends`` (``trends.run_trends``) adds the HTML report's Trends section."""
     from .html import render_html
     from .markdown import render_markdown
 
@@ -42,7 +43,7 @@ def write_run_reports(run: RunData, out_dir: Path, formats: Sequence[str] = FORM
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = safe_stem(stem or run.run_id)
-    renderers = {"md": render_markdown, "html": render_html}
+    renderers = {"md": render_markdown, "html": lambda r: render_html(r, trends)}
     paths = {}
     for f in chosen:
         path = out_dir / f"{stem}.{f}"
@@ -52,20 +53,32 @@ def write_run_reports(run: RunData, out_dir: Path, formats: Sequence[str] = FORM
 
 
 def write_reports(results_dir: Path, out_dir: Path = Path("reports"),
-                  formats: Sequence[str] = FORMATS) -> dict[str, Path]:
-    """Report on one run folder: ``<out_dir>/<run-id>.md`` and ``.html`` (format -> written path).
+                  formats: Sequence[str] = FORMATS, history: Path | None = None) -> dict[str, Path]:
+    """Report on one run folder: ``<out_dir>/<run-id>.md`` and ``.html`` (format -> written path); with
+    ``history`` the HTML report gains a Trends section of the run's plugins on its machine.
 
-    Raises ``ReportError`` (a user error: print it, no traceback) when the folder holds no records
-    or a format is unknown.
+    Raises ``ReportError`` (a user error: print it, no traceback) when the folder holds no records,
+    a format is unknown, or the history file is unusable.
     """
     run = load_run(Path(results_dir))
-    return write_run_reports(run, out_dir, formats, stem=run.path.name if run.path else run.run_id)
+    trends = None
+    if history is not None:
+        from microscope.store.history_schema import HistoryError
+
+        from .trends import run_trends
+
+        plugins = list(dict.fromkeys(run.records["plugin"].astype(str))) if len(run.records) else []
+        try:
+            trends = run_trends(history, plugins, run.env)
+        except HistoryError as exc:
+            raise ReportError(str(exc)) from exc
+    return write_run_reports(run, out_dir, formats, stem=run.path.name if run.path else run.run_id, trends=trends)
 
 
-def report_command(results_dir: Path, formats: Sequence[str] = FORMATS,
-                   out: Path = Path("reports")) -> dict[str, Path]:
-    """``microscope report RESULTS_DIR [--format md html] [--out reports/]``."""
-    return write_reports(Path(results_dir), Path(out), formats)
+def report_command(results_dir: Path, formats: Sequence[str] = FORMATS, out: Path = Path("reports"),
+                   history: Path | None = None) -> dict[str, Path]:
+    """``microscope report RESULTS_DIR [--format md html] [--out reports/] [--history PATH]``."""
+    return write_reports(Path(results_dir), Path(out), formats, history=history)
 
 
 def compare_command(run_a: Path, run_b: Path, out: Path = Path("reports"), force: bool = False,

@@ -28,7 +28,7 @@ from .plots import label, palette, to_svg
 if TYPE_CHECKING:
     from microscope.store.history import History
 
-__all__ = ["TrendChart", "chart_frames", "draw_trend", "save_trend_plot", "trend_charts", "trend_svgs"]
+__all__ = ["TrendChart", "chart_frames", "draw_trend", "run_trends", "save_trend_plot", "trend_charts", "trend_svgs"]
 
 MAX_CHARTS = 12
 MAX_TICKS = 16
@@ -162,6 +162,25 @@ def trend_svgs(history: History, plugin: str, fingerprint: str, *, since: str | 
     """(title, inline SVG) per drawn chart of ``trend_charts``, for the HTML report."""
     charts = trend_charts(history, plugin, fingerprint, since=since, metrics=metrics, max_charts=max_charts)
     return [(c.title, c.svg) for c in charts if c.svg is not None]
+
+
+def run_trends(history_path: Path | str, plugins: Sequence[str], env: dict) -> tuple[list[TrendChart], str]:
+    """The Trends section of a run's HTML report: ``trend_charts`` of each of the run's plugins on the run's
+    machine (its fingerprint from ``env``), and a note; ``HistoryError`` when the file is unusable."""
+    from microscope.env import machine_fingerprint
+    from microscope.store.history import History
+
+    fingerprint = machine_fingerprint(env)
+    with History.open(history_path) as history:
+        machines = history.machines()
+        if fingerprint not in machines:
+            others = "; ".join(f"{fp} = {name}" for fp, name in machines.items()) or "none"
+            return [], (f"{history_path} holds no run from this run's machine {fingerprint} (only from: {others}); "
+                        "trends are drawn per machine")
+        charts = [c for plugin in plugins for c in trend_charts(history, plugin, fingerprint)]
+    steps = sum(len(c.steps) for c in charts)
+    return charts, (f"{history_path}, machine {fingerprint} ({machines[fingerprint]}): {len(charts)} chart(s), "
+                    f"{steps} step(s) marked with the commit range that introduced each")
 
 
 def save_trend_plot(frames: list[tuple[str, pd.DataFrame]], path: Path | str,

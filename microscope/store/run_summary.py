@@ -7,7 +7,12 @@ dimension, metric) of a run becomes one run-level value, computed the way ``micr
   bootstrap 95% CI of that median; ``n`` = rounds;
 * accuracy, stability, generalization: the mean over records (seeds), or over ``details.per_seed``;
 * memory and rates: the median over records;
-* a CI where a record's details give one (``ci_low``/``ci_high``); ``n`` = records (or seeds).
+* a CI where a record's details give one (``ci_low``/``ci_high``); ``n`` = records (or seeds);
+* ``latency_vs_baseline`` (unit "ratio"), one more row per candidate and peer latency: the median of
+  its per-round latency over the baseline variant's in the same interleaved round, with a bootstrap
+  CI; ``n`` = rounds. Load that slows the machine during a round slows both variants of that round,
+  so this ratio moves far less between processes than either latency does (on a shared 2-core CPU,
+  1.8% between runs against 4% for the ratio of the two medians and 17% for the latency itself).
 
 The verdict is the variant's comparison row against the baseline (``vs == "baseline"``) in the run's
 ``comparison.csv``, read by column name so older and newer tables both load. A variant whose trials
@@ -36,7 +41,8 @@ from microscope.stats.table import metric_kind
 from .history_schema import HistoryError
 from .records import RecordsError, read_records
 
-__all__ = ["MEASUREMENT_COLUMNS", "RunInfo", "RunKey", "RunSummary", "plain_text", "summarize_run"]
+__all__ = ["MEASUREMENT_COLUMNS", "RELATIVE_LATENCY", "RunInfo", "RunKey", "RunSummary", "plain_text",
+           "summarize_run"]
 
 RunKey = NewType("RunKey", str)
 #: The run-level columns of one measurement, as ``summarize_run`` makes them and the history stores them.
@@ -45,6 +51,8 @@ MEASUREMENT_COLUMNS = ("plugin", "variant", "role", "case_id", "dimension", "met
 _NUMBERS = ("value", "ci_low", "ci_high")
 _MEAN_DIMENSIONS = ("accuracy", "stability", "generalization")
 _N_BOOT = 2000
+#: The paired, per-round latency of a variant relative to the baseline variant of its run and case.
+RELATIVE_LATENCY = "latency_vs_baseline"
 
 
 @dataclass(frozen=True)
@@ -187,8 +195,9 @@ def _read(folder: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, [str(w.message) for w in caught]
 
 
-def summarize_run(results_dir: Path | str, branch: str | None = None) -> RunSummary:
-    """Read ``results/<run-id>/`` into its run-level rows. ``branch`` overrides the records' own."""
+def summarize_run(results_dir: Path | str, branch: str | None = None, commit: str | None = None) -> RunSummary:
+    """Read ``results/<run-id>/`` into its run-level rows. ``branch`` and ``commit`` override the records' own
+    (a run measured from an uncommitted tree, labelled with the commit it became)."""
     folder = Path(results_dir)
     folder = folder.parent if folder.name == "records.jsonl" else folder
     records, notes = _read(folder)
@@ -199,7 +208,7 @@ def summarize_run(results_dir: Path | str, branch: str | None = None) -> RunSumm
     notes += more
     run_ids = {str(r.get("run_id")) for r in records if r.get("run_id")}
     run_id = run_ids.pop() if len(run_ids) == 1 else folder.name
-    commit = str(env.get("commit") or "unknown")
+    commit = commit or str(env.get("commit") or "unknown")
     fingerprint = machine_fingerprint(env)
     date = _run_date(records, folder / "records.jsonl")
     key = RunKey(hashlib.sha256(json.dumps([run_id, commit, fingerprint, date]).encode()).hexdigest()[:16])
@@ -229,6 +238,46 @@ def _rows(records: list[dict[str, Any]], verdicts: dict[tuple[str, ...], str], r
         else:
             value, lo, hi, n = _plain_value(ok, dimension)
         rows.append(row | {"value": value, "ci_low": lo, "ci_high": hi, "n": n, "status": "ok"})
+    rows += _relative_rows(groups, run_id)
     frame = plain_text(pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS)))
     return frame.sort_values(["plugin", "case_id", "dimension", "metric", "variant"], kind="stable",
                              ignore_index=True)
+
+
+def _one_rounds(recs: list[dict[str, Any]]) -> np.ndarray | None:
+    """The per-round medians of a variant's single ok latency record, or None (no rounds, several records)."""
+    ok = [r for r in recs if (r.get("status") or "ok") == "ok"]
+    if len(ok) != 1:
+        return None
+    rounds = [_finite(v) for v in _details(ok[0]).get("rounds") or []]
+    if len(rounds) < 2 or any(v is None or v <= 0 for v in rounds):
+        return None
+    return np.asarray(rounds, dtype=float)
+
+
+def _relative_rows(groups: dict[tuple[str, ...], list[dict[str, Any]]], run_id: str) -> list[dict[str, Any]]:
+    """``RELATIVE_LATENCY`` rows: each non-baseline variant's latency over the baseline's, round by round.
+
+    Only where both have one record with the same number of rounds (round r of every variant ran in the
+    same interleaved round); the value is the median of the per-round ratios, the CI its bootstrap.
+    """
+    out = []
+    for key, recs in groups.items():
+        plugin, variant, case_id, dimension, metric = key
+        role = str(recs[0].get("role") or "")
+        if role == "baseline" or metric_kind(dimension, metric) != "latency" or metric == RELATIVE_LATENCY:
+            continue
+        base = [(k, r) for k, r in groups.items() if k[0] == plugin and k[2:] == (case_id, dimension, metric)
+                and str(r[0].get("role") or "") == "baseline"]
+        mine = _one_rounds(recs)
+        theirs = _one_rounds(base[0][1]) if len(base) == 1 else None
+        if mine is None or theirs is None or mine.size != theirs.size:
+            continue
+        ratios = mine / theirs
+        reps = bootstrap((ratios,), lambda a: np.median(a, axis=1), paired=True, n_boot=_N_BOOT,
+                         rng=make_rng(0, run_id, *key, RELATIVE_LATENCY))
+        lo, hi = percentile_ci(reps)
+        out.append({"plugin": plugin, "variant": variant, "role": role, "case_id": case_id, "dimension": dimension,
+                    "metric": RELATIVE_LATENCY, "unit": "ratio", "value": float(np.median(ratios)), "ci_low": lo,
+                    "ci_high": hi, "n": int(ratios.size), "status": "ok", "verdict": None})
+    return out

@@ -99,9 +99,14 @@ def test_a_run_becomes_one_value_per_measurement(tmp_path):
     folder = write_night(tmp_path / "results", Night(0))
     summary = summarize_run(folder)
     rows = summary.rows.set_index(["variant", "metric"])
-    assert len(rows) == 8  # 2 variants x (rel_err, latency, gbps, peak)
+    assert len(rows) == 9  # 2 variants x (rel_err, latency, gbps, peak), triton's latency_vs_baseline
     records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     rounds = next(r["details"]["rounds"] for r in records if r["variant"] == "triton" and r["metric"] == "latency_ms")
+    base = next(r["details"]["rounds"] for r in records if r["variant"] == "torch" and r["metric"] == "latency_ms")
+    paired = rows.loc[("triton", "latency_vs_baseline")]  # round by round, not the ratio of the medians
+    assert paired["value"] == pytest.approx(np.median(np.divide(rounds, base))) and paired["n"] == 20
+    assert paired["value"] != pytest.approx(np.median(rounds) / np.median(base), rel=1e-9)
+    assert paired["ci_low"] < paired["value"] < paired["ci_high"] and paired["unit"] == "ratio"
     lat = rows.loc[("triton", "latency_ms")]
     assert lat["value"] == pytest.approx(np.median(rounds)) and lat["n"] == 20
     assert lat["ci_low"] < lat["value"] < lat["ci_high"] and lat["ci_high"] / lat["ci_low"] < 1.03
@@ -128,13 +133,13 @@ def test_adding_a_run_twice_keeps_one_copy_and_a_grown_run_replaces_its_rows(tmp
         again = h.add_summary(summarize_run(folder), passed=True)
         key = h.add_run(folder, passed=True)
         assert (first, again) == ("added", "unchanged") and len(h.runs()) == 1
-        assert len(h.rows()) == 8
+        assert len(h.rows()) == 9
         extra = json.loads((folder / "records.jsonl").read_text().splitlines()[0])
         with (folder / "records.jsonl").open("a") as fh:  # a resumed run measured one more metric
             fh.write(json.dumps(extra | {"metric": "max_abs_err", "value": 0.01}) + "\n")
         assert h.add_summary(summarize_run(folder), passed=True) == "replaced"
-        assert [r.key for r in h.runs()] == [key] and len(h.rows()) == 9
-    assert _count(db, "runs") == 1 and _count(db, "measurements") == 9
+        assert [r.key for r in h.runs()] == [key] and len(h.rows()) == 10
+    assert _count(db, "runs") == 1 and _count(db, "measurements") == 10
 
 
 _WRITER = textwrap.dedent("""
@@ -164,7 +169,7 @@ def test_two_processes_adding_at_once_do_not_corrupt_the_history(tmp_path):
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with History.open(db) as h:
-        assert len(h.runs()) == 8 and len(h.rows()) == 64
+        assert len(h.runs()) == 8 and len(h.rows()) == 72
         assert [r.commit for r in h.runs()] == [commit_sha(i) for i in range(8)]  # date order
 
 
@@ -300,7 +305,7 @@ def test_last_good_and_baselines_by_commit_branch_and_machine(tmp_path):
         assert set(h.baseline_records(LAST_GOOD, FP_H200)["commit"]) == {commit_sha(4)}
         assert set(h.baseline_records("main", FP_H200)["commit"]) == {commit_sha(3)}  # the branch tip
         by_sha = h.baseline_records(commit_sha(1)[:10], FP_H200)
-        assert set(by_sha["commit"]) == {commit_sha(1)} and len(by_sha) == 8
+        assert set(by_sha["commit"]) == {commit_sha(1)} and len(by_sha) == 9
         with pytest.raises(HistoryError, match=r"h\.sqlite: '.{10}' ran only on other machine\(s\) "
                                                rf"\({FP_A100} = NVIDIA A100-SXM4-80GB .*not comparable"):
             h.baseline_records(commit_sha(5)[:10], FP_H200)
@@ -326,5 +331,5 @@ def test_trend_svgs_mark_the_step_with_its_commit_range(tmp_path):
         charts = trend_svgs(h, "safe_softmax", FP_H200)
     titles = [t for t, _ in charts]
     assert titles[0] == f"safe_softmax | {CASE} | throughput latency_ms"  # the chart with a step comes first
-    assert len(charts) == 3 and all(svg.startswith("<svg") for _, svg in charts)
+    assert len(charts) == 4 and all(svg.startswith("<svg") for _, svg in charts)
     assert f"{commit_sha(2)[:8]}..{commit_sha(3)[:8]}" in charts[0][1]

@@ -37,8 +37,12 @@ def test_add_then_show_prints_the_step_at_its_commit(nights, capsys):
 
     assert main(["history", "show", "--db", str(nights / "h.sqlite"), "--plugin", "safe_softmax"]) == 0
     out = capsys.readouterr().out
-    assert "one row per series" in out and "1 step(s) detected in 6 series:" in out
-    (line,) = [x for x in out.splitlines() if x.strip().startswith("step ")]
+    assert "one row per series" in out and "2 step(s) detected in 7 series:" in out
+    # the latency itself and the latency relative to the baseline's in the same rounds
+    lines = [x for x in out.splitlines() if x.strip().startswith("step ")]
+    assert len(lines) == 2 and "throughput latency_vs_baseline" in lines[1]
+    assert re.search(r"latency_vs_baseline on \w{12}: \+[3-7]\.\d% \(0\.\d+ -> 0\.\d+ ratio\)", lines[1])
+    line = lines[0]
     assert f"safe_softmax | triton | {CASE} | throughput latency_ms" in line
     assert f"in {RANGE}, 3 run(s) before, 2 after (2026-12-03 -> 2026-12-04)" in line
     assert re.search(r"latency_ms on \w{12}: \+[3-7]\.\d% \(0\.\d+ -> 0\.\d+ ms\)", line)
@@ -92,7 +96,7 @@ def test_filters_that_match_nothing_and_bad_arguments_exit_2(nights, capsys):
     assert main(["history", "show", "--db", db, "--plugin", "flash_attn"]) == 2
     assert "no history rows for --plugin 'flash_attn'; plugins here: safe_softmax" in capsys.readouterr().err
     assert main(["history", "show", "--db", db, "--metric", "latency_us"]) == 2
-    assert "metrics here: gbps, latency_ms, out.rel_err, peak_bytes" in capsys.readouterr().err
+    assert "metrics here: gbps, latency_ms, latency_vs_baseline, out.rel_err, peak_bytes" in capsys.readouterr().err
     assert main(["history", "show", "--db", db, "--since", "yesterday"]) == 2
     assert "--since 'yesterday': not an ISO date" in capsys.readouterr().err
     assert main(["history", "show", "--db", db, "--since", "2027-01-01"]) == 2
@@ -109,7 +113,7 @@ def test_append_run_to_history_reports_what_it_did(tmp_path):
     root, db = tmp_path / "results", tmp_path / "h.sqlite"
     first = append_run_to_history(write_night(root, Night(0)), db, branch="nightly", passed=False)
     assert first.status == "added" and first.info.branch == "nightly" and first.info.gate == "fail"
-    assert first.rows == 8 and first.notes == []
+    assert first.rows == 9 and first.notes == []
     assert "added" in first.describe(db) and "gate fail" in first.describe(db)
     other = append_run_to_history(write_night(root, Night(1, env=dict(ENV_A100))), db, passed=True)
     assert other.notes and "first run of machine" in other.notes[0]
