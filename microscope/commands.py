@@ -426,12 +426,6 @@ def _side_by_side(sides: list[Path], out: Path, console: Console) -> None:
                            f"microscope tensorboard {out}"))
 
 
-def _compare_side(path: Path, label: str, args: argparse.Namespace, console: Console) -> Path:
-    """A side to compare: a run folder or a folder of runs as given, or a config run ``--repeat`` times,
-    each in a fresh process (the run is the unit: one process is one sample of the between-run noise)."""
-    return _compare_sides([(path, label)], args, console)[0]
-
-
 def _compare_sides(sides: list[tuple[Path, str]], args: argparse.Namespace, console: Console) -> list[Path]:
     """Each side as a folder of runs. Config sides run ``--repeat`` times in fresh processes, taking
     turns (A B, B A, A B, ...), so a change of machine load during the compare falls on both sides alike
