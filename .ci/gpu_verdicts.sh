@@ -6,6 +6,8 @@
 #                                        # Triton out-of-bounds store) and flash_attn inline vs local
 #   bash .ci/gpu_verdicts.sh leak overhead  # a GPU leak across groups, a Triton OOB store alone; inline vs
 #                                        # local on two flash_attn cases, each from empty compile caches
+#   bash .ci/gpu_verdicts.sh crossrun    # compare --repeat 3 of planted_work against itself: +10% and +5%
+#                                        # work planted in side B's candidates, and an A/A
 # Console output of each run goes into $OUT/consoles.tgz; a table of exit codes, line counts and wall
 # times is printed last.
 set -u
@@ -48,9 +50,19 @@ for part in "${@:-verdicts}"; do
         rm -rf "$OUT/cache-$kind"
       done
       unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR ;;
+    crossrun)  # side B's candidates do 10% / 5% more work (--env-b); then A/A. Expected exits: 1, 1, 0
+      for plant in 10 5 0; do
+        start=$SECONDS
+        timeout 200 microscope compare ablations/planted_work.yaml ablations/planted_work.yaml --device cuda \
+          --repeat 3 --env-b MICROSCOPE_PLANT_WORK_PCT=$plant --results "$OUT/runs" --out "$OUT/runs/reports" \
+          >"$OUT/compare_plant$plant.txt" 2>&1
+        rc=$?
+        summary+=("$(printf '%-22s exit %-3s %4s lines %4s s' "compare_plant$plant" "$rc" \
+          "$(wc -l <"$OUT/compare_plant$plant.txt")" "$((SECONDS - start))")")
+      done ;;
   esac
 done
-(cd "$OUT" && find runs -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name '*.md' \
+(cd "$OUT" && find runs -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name '*.md' -o -name '*-vs-*.csv' \
   -o -name 'worker-*.log' |
   tar czf runs.tgz -T - && rm -rf runs && tar czf consoles.tgz ./*.txt && rm -f ./*.txt)
 printf '%s\n' "${summary[@]}"

@@ -81,11 +81,22 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--quick", action="store_true", help="for config sides")
     cmp.add_argument("--seed", type=int, default=0, help="for config sides (every run uses the same seed)")
     cmp.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="for config sides")
+    for side in ("a", "b"):
+        cmp.add_argument(f"--set-{side}", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                         help=f"config overrides for side {side.upper()} only (after --set), e.g. a block size")
+        cmp.add_argument(f"--env-{side}", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                         help=f"environment variables for side {side.upper()}'s runs only, e.g. an allocator "
+                              "setting or a library switch")
+    cmp.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="kill a config side's run still going after S seconds (default: one hour)")
     cmp.add_argument("--results", type=Path, default=Path("results"), help="where config sides' runs go")
     cmp.add_argument("--out", type=Path, default=Path("reports"))
     cmp.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
                      help="write both sides' TensorBoard logs into DIR (A-<variant>, B-<variant>) with the diff of "
                           "each variant's graph between the sides (diff-B-<variant>); view: microscope tensorboard DIR")
+    cmp.add_argument("--history", type=Path, default=None, metavar="PATH",
+                     help="take the between-run noise of this machine from this history store (what a side "
+                          "with a single run needs for a verdict)")
     cmp.add_argument("--force", action="store_true",
                      help="compare even sides of different plugins, devices, case grids or corpora")
     lst = sub.add_parser("list", help="list plugins, their variants and cases")

@@ -7,8 +7,6 @@ then are plugins imported (``@triton.jit`` reads the switch at import time).
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -393,7 +391,7 @@ def compare(args: argparse.Namespace, console: Console) -> int:
 
     sides = _compare_sides([(args.run_a, "A"), (args.run_b, "B")], args, console)
     try:
-        run, paths = compare_command(sides[0], sides[1], args.out, force=args.force)
+        run, paths = compare_command(sides[0], sides[1], args.out, force=args.force, history=args.history)
     except ReportError as exc:
         raise UserError(str(exc)) from exc
     console.print(Text(run.title, style="bold"))
@@ -430,6 +428,8 @@ def _compare_sides(sides: list[tuple[Path, str]], args: argparse.Namespace, cons
     """Each side as a folder of runs. Config sides run ``--repeat`` times in fresh processes, taking
     turns (A B, B A, A B, ...), so a change of machine load during the compare falls on both sides alike
     instead of looking like a difference between them."""
+    from microscope.fresh_runs import DEFAULT_TIMEOUT_S, FreshRunError, run_fresh
+
     folders: list[Path] = []
     configs: list[tuple[Path, str, Path]] = []
     for path, label in sides:
@@ -443,18 +443,48 @@ def _compare_sides(sides: list[tuple[Path, str]], args: argparse.Namespace, cons
         folder = args.results / f"compare-{label}-{new_stamp()}"
         configs.append((path, label, folder))
         folders.append(folder)
-    repeat = args.repeat or 3
+    per_side = {label: (list(args.set) + list(getattr(args, f"set_{label.lower()}")),
+                        side_env(getattr(args, f"env_{label.lower()}"), f"--env-{label.lower()}"))
+                for _, label in sides}
+    for label in ("A", "B"):
+        if (getattr(args, f"set_{label.lower()}") or getattr(args, f"env_{label.lower()}")) and \
+                label not in {c[1] for c in configs}:
+            raise UserError(f"--set-{label.lower()}/--env-{label.lower()}: side {label} is a run folder, "
+                            "not a config; these options only apply to config sides")
+    repeat = 3 if args.repeat is None else args.repeat
+    if not 1 <= repeat <= 100:
+        raise UserError(f"--repeat {repeat}: between 1 and 100 runs per config side")
+    if args.timeout is not None and not 0 < args.timeout <= 7 * 86400:
+        raise UserError(f"--timeout {args.timeout}: seconds, more than 0 and at most a week")
     for i in range(repeat):
         for path, label, folder in (configs if i % 2 == 0 else configs[::-1]):
             console.print(Text(f"compare: side {label}, run {i + 1}/{repeat} of {path} (fresh process)", style="dim"))
-            cmd = [sys.executable, "-m", "microscope.cli", "run", str(path), "--out", str(folder), "--no-report",
-                   "--no-progress", "--seed", str(args.seed)]
-            cmd += (["--device", args.device] if args.device else []) + (["--quick"] if args.quick else [])
-            cmd += ["--set", *args.set] if args.set else []
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode == EXIT_BAD_INPUT:
-                raise UserError(f"{path}: the run refused its config:\n{done.stderr.strip()[-2000:]}")
+            sets, env = per_side[label]
+            try:
+                done = run_fresh(path, folder, device=args.device, quick=args.quick, seed=args.seed, sets=sets,
+                                 env=env, timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+            except FreshRunError as exc:
+                raise UserError(str(exc)) from exc
+            if done.folder is None or not done.completed:
+                console.print(Text(f" ! side {label}, run {i + 1}: the run {done.describe_exit()}"
+                                   + ("" if done.folder else "; it left no records"), style="yellow"))
+    for _, label, folder in configs:
+        if not folder.is_dir() or not any((p / "records.jsonl").is_file() for p in folder.iterdir()):
+            raise UserError(f"side {label}: none of its {repeat} run(s) left records in {folder}; "
+                            "run the config alone to see why")
     return folders
+
+
+def side_env(pairs: list[str], flag: str) -> dict[str, str]:
+    """``NAME=VALUE`` pairs as a mapping; a malformed pair is a clear error naming the flag."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip() or not name.strip().replace("_", "").isalnum():
+            raise UserError(f"{flag} {pair!r}: expected NAME=VALUE, e.g. "
+                            f"{flag} PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        env[name.strip()] = value
+    return env
 
 
 def new_stamp() -> str:

@@ -212,3 +212,21 @@ def test_report_of_a_damaged_records_file_notes_the_line_and_still_reports(plugi
 def test_report_of_a_missing_folder_exits_2(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert f"{tmp_path}/nope: no such results folder" in capsys.readouterr().err
+
+
+def test_compare_env_and_set_for_one_side_reach_that_side_only(tmp_path, capsys):
+    """``--env-b`` goes to side B's fresh runs and nowhere else: a bad plant switch breaks B's run after A's
+    ran, and the refusal names the switch; malformed pairs and per-side options on run folders are refused."""
+    config = "ablations/planted_work.yaml"
+    common = ["--repeat", "1", "--quick", "--device", "cpu", "--results", str(tmp_path / "runs"), "--out",
+              str(tmp_path / "rep"), "--set", "dimensions.throughput.rounds=2", "dimensions.throughput.reps=1"]
+    assert main(["compare", config, config, *common, "--env-b", "MICROSCOPE_PLANT_WORK_PCT=lots"]) == 2
+    captured = capsys.readouterr()
+    assert "compare: side A, run 1/1" in captured.out and "compare: side B, run 1/1" in captured.out
+    assert "MICROSCOPE_PLANT_WORK_PCT='lots': extra work in percent" in captured.err
+    (side_a,) = (tmp_path / "runs").glob("compare-A-*")
+    assert len(list(side_a.glob("*/records.jsonl"))) == 1
+    assert main(["compare", config, config, *common, "--env-a", "NO_EQUALS_SIGN"]) == 2
+    assert "--env-a 'NO_EQUALS_SIGN': expected NAME=VALUE" in capsys.readouterr().err
+    assert main(["compare", str(side_a), config, *common, "--set-a", "seed=3"]) == 2
+    assert "side A is a run folder, not a config" in capsys.readouterr().err

@@ -28,8 +28,9 @@ import yaml
 
 from microscope.gate import EXIT_FAILED, EXIT_OK, GateResult
 from microscope.stats.between_runs import compare_between_runs
+from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.multiple import holm as engine_holm
-from microscope.stats.table import NOT_JUDGED, higher_is_better, incorrect_variants
+from microscope.stats.table import NOT_JUDGED, higher_is_better, incorrect_variants, metric_kind
 
 from . import fmt
 from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison
@@ -100,10 +101,43 @@ def _run_values(run: RunData) -> dict[tuple[str, ...], Measured]:
     return out
 
 
+def _rounds(grp: pd.DataFrame) -> np.ndarray | None:
+    """The per-round medians of a variant's one ok latency record, or None."""
+    ok = grp[grp["status"] == "ok"]
+    if len(ok) != 1 or "details.rounds" not in ok.columns or not isinstance(ok["details.rounds"].iloc[0], list):
+        return None
+    x = pd.to_numeric(pd.Series(ok["details.rounds"].iloc[0]), errors="coerce").to_numpy(dtype=float)
+    return x if np.all(np.isfinite(x) & (x > 0)) else None
+
+
+def _relative_values(run: RunData) -> dict[tuple[str, ...], Measured]:
+    """``latency_vs_baseline`` per non-baseline latency: its per-round latency over the baseline's in the same
+    interleaved rounds, one median per run. Load that slows the machine slows both variants of a round, so
+    between runs this ratio moves far less than either latency; it is the row that finds a change to the
+    candidate alone when the machine is busy (it also moves when only the baseline changed)."""
+    out: dict[tuple[str, ...], Measured] = {}
+    rec = run.records
+    if not len(rec) or "details.rounds" not in rec.columns:
+        return out
+    latency = rec[[metric_kind(d, m) == "latency" and m != RELATIVE_LATENCY
+                   for d, m in zip(rec["dimension"], rec["metric"])]]
+    for (plugin, case, dim, _), grp in latency.groupby(["plugin", "case_id", "dimension", "metric"], sort=False):
+        base = grp[grp["role"] == "baseline"]
+        if base["variant"].nunique() != 1:
+            continue
+        base_rounds = _rounds(base)
+        for variant, mine in grp[grp["role"] != "baseline"].groupby("variant", sort=False):
+            ratios = paired_round_ratios(_rounds(mine), base_rounds)
+            key = (str(plugin), str(variant), str(case), str(dim), RELATIVE_LATENCY)
+            if ratios is not None and key not in out:  # the first latency metric of the case
+                out[key] = Measured(role=str(mine["role"].iloc[0]), values=[float(np.median(ratios))])
+    return out
+
+
 def _side_values(side: Sequence[RunData]) -> dict[tuple[str, ...], Measured]:
     merged: dict[tuple[str, ...], Measured] = {}
     for run in side:
-        for key, m in _run_values(run).items():
+        for key, m in (_run_values(run) | _relative_values(run)).items():
             into = merged.setdefault(key, Measured(role=m.role, higher_is_better=m.higher_is_better))
             into.values += m.values
             into.passed += m.passed
@@ -253,15 +287,47 @@ def _label(side: Sequence[RunData]) -> str:
     return side[0].run_id if len(side) == 1 else f"{len(side)} runs ({side[0].run_id} ...)"
 
 
+def history_noise(history: Path, side: Sequence[RunData],
+                  keys: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
+    """The run-to-run noise of each measurement on the machine of ``side``'s last run, from the history
+    store (``History.between_run_noise``); measurements with too few runs there are left out."""
+    from microscope.env import machine_fingerprint
+    from microscope.store.history import History
+    from microscope.store.history_schema import HistoryError
+
+    fingerprint = machine_fingerprint(side[-1].env)
+    try:
+        with History.open(history) as store:
+            if fingerprint not in store.machines():
+                return {}
+            out = {}
+            for key in keys:
+                plugin, variant, case, dim, metric = key
+                sigma = store.between_run_noise(plugin, variant, case, metric, fingerprint, dimension=dim)
+                if sigma is not None:
+                    out[key] = sigma
+            return out
+    except HistoryError as exc:
+        raise ReportError(str(exc)) from exc
+
+
 def compare_sides(side_a: Sequence[RunData], side_b: Sequence[RunData], *, alpha: float | None = None,
                   min_band: float | None = None, force: bool = False,
-                  history_sigma: dict[tuple[str, ...], float] | None = None) -> RunData:
-    """B against A for everything both sides measured, as a ``RunData`` the report writers render."""
+                  history_sigma: dict[tuple[str, ...], float] | None = None, history: Path | None = None) -> RunData:
+    """B against A for everything both sides measured, as a ``RunData`` the report writers render.
+
+    ``history``: a history store whose runs of this machine give the between-run noise (needed when a
+    side has a single run); ``history_sigma`` gives it directly instead."""
     notes = comparability(side_a, side_b, force)
     cfg_alpha, cfg_band = stats_params(side_b[-1])
     alpha = cfg_alpha if alpha is None else alpha
     min_band = cfg_band if min_band is None else min_band
     ma, mb = _side_values(side_a), _side_values(side_b)
+    if history is not None and history_sigma is None:
+        history_sigma = history_noise(history, side_b, [k for k in mb if k in ma])
+        if not history_sigma:
+            notes.append(f"{history}: no between-run noise for these measurements on this machine "
+                         "(too few runs of it there)")
     rows = [_row(k, ma[k], mb[k], alpha, min_band, history_sigma or {}) for k in mb if k in ma]
     _not_judged_where_b_is_wrong(rows, side_b)
     for keys, label in ((set(ma) - set(mb), "A"), (set(mb) - set(ma), "B")):
@@ -281,10 +347,11 @@ def compare_sides(side_a: Sequence[RunData], side_b: Sequence[RunData], *, alpha
 
 
 def compare_runs(run_a: Path, run_b: Path, *, alpha: float | None = None, min_band: float | None = None,
-                 force: bool = False, history_sigma: dict[tuple[str, ...], float] | None = None) -> RunData:
+                 force: bool = False, history_sigma: dict[tuple[str, ...], float] | None = None,
+                 history: Path | None = None) -> RunData:
     """``compare_sides`` of two paths, each a run folder or a folder of run folders."""
     return compare_sides(load_side(Path(run_a)), load_side(Path(run_b)), alpha=alpha, min_band=min_band,
-                         force=force, history_sigma=history_sigma)
+                         force=force, history_sigma=history_sigma, history=history)
 
 
 def compare_gate(table: pd.DataFrame | None) -> GateResult:

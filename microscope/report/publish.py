@@ -82,8 +82,8 @@ def report_command(results_dir: Path, formats: Sequence[str] = FORMATS, out: Pat
 
 
 def compare_command(run_a: Path, run_b: Path, out: Path = Path("reports"), force: bool = False,
-                    formats: Sequence[str] = FORMATS) -> tuple[RunData, dict[str, Path]]:
-    """``microscope compare A B [--out reports/] [--force]``: B against A, the run as the unit.
+                    formats: Sequence[str] = FORMATS, history: Path | None = None) -> tuple[RunData, dict[str, Path]]:
+    """``microscope compare A B [--out reports/] [--force] [--history PATH]``: B against A, the run as the unit.
 
     Writes ``<out>/<A>-vs-<B>.md``, ``.html`` and the comparison table as ``.csv``; returns the compared
     ``RunData`` (for the console and the exit code) and the written paths. Raises ``CompareError`` (a
@@ -91,7 +91,7 @@ def compare_command(run_a: Path, run_b: Path, out: Path = Path("reports"), force
     """
     from .compare import compare_runs
 
-    run = compare_runs(Path(run_a), Path(run_b), force=force)
+    run = compare_runs(Path(run_a), Path(run_b), force=force, history=history)
     stem = f"{safe_stem(Path(run_a).name)}-vs-{safe_stem(Path(run_b).name)}"
     paths = write_run_reports(run, out, formats, stem=stem)
     if run.comparison is not None:

@@ -81,7 +81,8 @@ def notable_rows(table: pd.DataFrame | None) -> pd.DataFrame:
     return pd.concat([failing, sig[~sig.index.isin(failing.index)]])
 
 
-_SHORT_METRIC = {"latency_ms": "latency", "peak_bytes": "peak mem", "timed_calls.ok": "timed calls"}
+_SHORT_METRIC = {"latency_ms": "latency", "peak_bytes": "peak mem", "timed_calls.ok": "timed calls",
+                 "latency_vs_baseline": "lat/baseline"}
 
 
 def rows_table(rows: pd.DataFrame, labels: dict[str, str], limit: int = MAX_ROWS) -> Table:

@@ -85,9 +85,13 @@ __all__ = [
     "compare_latency",
     "decide_latency",
     "estimate_rounds_needed",
+    "RELATIVE_LATENCY",
+    "paired_round_ratios",
 ]
 
 LATENCY_VERDICTS = ("faster", "slower", "equivalent", "inconclusive")
+#: The metric of a variant's paired, per-round latency over its run's baseline (``paired_round_ratios``).
+RELATIVE_LATENCY = "latency_vs_baseline"
 #: Above this many rounds an estimate is reported as "not reachable".
 MAX_ROUNDS = 100_000
 
@@ -149,6 +153,14 @@ def aa_halves(rounds: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     r = np.arange(x.size) % 4
     first = (r == 0) | (r == 3)
     return x[first], x[~first]
+
+
+def paired_round_ratios(cand: np.ndarray | None, base: np.ndarray | None) -> np.ndarray | None:
+    """A variant's per-round latencies over the baseline's of the same interleaved rounds: machine load
+    that slows a round slows both, so it cancels. None unless both have the same number (>= 2) of rounds."""
+    if cand is None or base is None or cand.size != base.size or cand.size < 2:
+        return None
+    return cand / base
 
 
 def _ratio_of_medians(b: np.ndarray, c: np.ndarray) -> np.ndarray:

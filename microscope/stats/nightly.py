@@ -33,9 +33,8 @@ from collections.abc import Collection, Mapping
 import numpy as np
 import pandas as pd
 
-from microscope.store.run_summary import RELATIVE_LATENCY
-
 from .between_runs import compare_between_runs
+from .latency import RELATIVE_LATENCY
 from .multiple import holm
 from .steps import log_scale
 from .table import higher_is_better, metric_kind

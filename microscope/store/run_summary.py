@@ -36,6 +36,7 @@ import pandas as pd
 
 from microscope.env import machine_fingerprint
 from microscope.stats.bootstrap import bootstrap, make_rng, percentile_ci
+from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.table import metric_kind
 
 from .history_schema import HistoryError
@@ -51,8 +52,6 @@ MEASUREMENT_COLUMNS = ("plugin", "variant", "role", "case_id", "dimension", "met
 _NUMBERS = ("value", "ci_low", "ci_high")
 _MEAN_DIMENSIONS = ("accuracy", "stability", "generalization")
 _N_BOOT = 2000
-#: The paired, per-round latency of a variant relative to the baseline variant of its run and case.
-RELATIVE_LATENCY = "latency_vs_baseline"
 
 
 @dataclass(frozen=True)
@@ -269,11 +268,9 @@ def _relative_rows(groups: dict[tuple[str, ...], list[dict[str, Any]]], run_id: 
             continue
         base = [(k, r) for k, r in groups.items() if k[0] == plugin and k[2:] == (case_id, dimension, metric)
                 and str(r[0].get("role") or "") == "baseline"]
-        mine = _one_rounds(recs)
-        theirs = _one_rounds(base[0][1]) if len(base) == 1 else None
-        if mine is None or theirs is None or mine.size != theirs.size:
+        ratios = paired_round_ratios(_one_rounds(recs), _one_rounds(base[0][1]) if len(base) == 1 else None)
+        if ratios is None:
             continue
-        ratios = mine / theirs
         reps = bootstrap((ratios,), lambda a: np.median(a, axis=1), paired=True, n_boot=_N_BOOT,
                          rng=make_rng(0, run_id, *key, RELATIVE_LATENCY))
         lo, hi = percentile_ci(reps)

@@ -43,6 +43,7 @@ class Spec:
     interpreted: bool = False
     rounds: int = 10
     speedup: float = 2.5
+    load: float = 1.0  # machine load of this run: slows every variant's rounds alike
     fail_reason: str = OOM
     skip_reason: str = SKIP
     acc_reason: str = ACC_FAIL
@@ -87,7 +88,7 @@ def _records(spec: Spec, rng: np.random.Generator) -> list[dict[str, Any]]:
                     out.append(record(spec, variant, role, i, "throughput", "latency_ms", None, status="failed",
                                       reason=spec.fail_reason))
                     continue
-                rounds = list(base_ms * scale * (1 + 0.02 * rng.standard_normal(spec.rounds)))
+                rounds = list(base_ms * scale * spec.load * (1 + 0.02 * rng.standard_normal(spec.rounds)))
                 ms = float(np.median(rounds))
                 out.append(record(spec, variant, role, i, "throughput", "latency_ms", ms, unit="ms",
                                   details={"rounds": rounds, "iqr_rel": 0.03, "notes": []}))

@@ -59,6 +59,49 @@ def test_repeated_runs_find_a_planted_slowdown_and_not_an_aa_difference(tmp_path
     assert compare_gate(aa).exit_code == 0
 
 
+def test_the_latency_relative_to_the_baseline_finds_a_candidate_change_on_a_loaded_machine(tmp_path: Path) -> None:
+    """Runs whose machine load differs by up to 2x hide a 10% slower candidate in its absolute latency; its
+    latency over the baseline's in the same rounds cancels the load and calls it, and an A/A does not."""
+    def loaded(root: Path, loads: list[float], speedup: float, first_seed: int) -> Path:
+        for k, load in enumerate(loads):
+            make_run(root, Spec(run_id=f"run{k}", speedup=speedup, seed=first_seed + k, load=load, rounds=40))
+        return root
+
+    base = loaded(tmp_path / "a", [1.0, 1.9, 0.9], 2.5, first_seed=10)
+    slower = loaded(tmp_path / "b", [1.6, 1.0, 1.2], 2.5 / 1.10, first_seed=20)
+    same = loaded(tmp_path / "c", [1.5, 0.95, 1.8], 2.5, first_seed=30)
+    table = compare_runs(base, slower).comparison
+    assert _row(table, "triton", "seq=512,bf16", "latency_ms")["verdict"] == "inconclusive"
+    rel = _row(table, "triton", "seq=512,bf16", "latency_vs_baseline")
+    assert rel["verdict"] == "slower" and rel["ratio_or_delta"] == pytest.approx(1.10, rel=0.02), rel["notes"]
+    assert not (table["candidate"] == "eager (B)").loc[table["metric"] == "latency_vs_baseline"].any()
+    gate = compare_gate(table)
+    assert gate.exit_code == 1 and any("latency_vs_baseline" in f for f in gate.failures)
+    aa = compare_runs(base, same).comparison
+    assert not aa["verdict"].isin(["faster", "slower"]).any(), aa[["candidate", "metric", "verdict"]]
+
+
+def test_one_run_per_side_takes_the_between_run_noise_from_the_history(tmp_path: Path) -> None:
+    """With ``history``, a single run per side is judged against this machine's run-to-run noise there."""
+    from microscope.store.history import History
+
+    db = tmp_path / "h.sqlite"
+    with History.open(db, create=True) as history:
+        for k in range(6):
+            history.add_run(make_run(tmp_path / "past", Spec(run_id=f"night{k}", seed=40 + k)), passed=True)
+    a = make_run(tmp_path / "a", Spec(run_id="main-run", seed=1))
+    b = make_run(tmp_path / "b", Spec(run_id="branch-run", speedup=2.5 / 1.3, seed=2))
+    table = compare_runs(a, b, history=db).comparison
+    row = _row(table, "triton", "seq=512,bf16", "latency_ms")
+    assert row["verdict"] == "slower" and "between-run noise from the history" in row["notes"]
+    alone = _row(compare_runs(a, b).comparison, "triton", "seq=512,bf16", "latency_ms")
+    assert alone["verdict"] == "inconclusive" and "one run per side" in alone["notes"]
+    empty = tmp_path / "empty.sqlite"
+    History.open(empty, create=True).close()
+    notes = compare_runs(a, b, history=empty).notes
+    assert any("no between-run noise for these measurements on this machine" in n for n in notes)
+
+
 def test_an_accuracy_check_that_passed_in_a_and_fails_in_b_is_a_regression(tmp_path: Path) -> None:
     a = make_run(tmp_path / "a", Spec(run_id="a", acc_fail=False))
     b = make_run(tmp_path / "b", Spec(run_id="b"))
