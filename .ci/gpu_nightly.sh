@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The nightly regression gate on the H200, in one device call (<= 560 s in all):
 #   bash .ci/gpu_nightly.sh
-# 1. night1: ablations/nightly --quick on cuda, 3 fresh runs per config, --append to an empty history:
+# 0. probe: one planted_work run alone, and torch's import + CUDA start, for the cost of a fresh process
+# 1. night1: ablations/nightly --quick on cuda, $REPEAT (2) fresh runs per config, --append to an empty history:
 #    starts it (exit 2: nothing to compare with yet; the runs become the baseline)
 # 2. work5: MICROSCOPE_PLANT_WORK_PCT=5 (planted_work's candidate does 5% more work): must exit 1
 # 3. numerics: MICROSCOPE_PLANT_NUMERICS=1 (its answer x (1 +- 2^-16), inside tolerance): must exit 1
@@ -14,7 +15,7 @@ OUT=${OUT:-/tmp/microscope-gpu-nightly}
 WORK=$OUT/work
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-160}
-DEADLINE=$((SECONDS + ${BUDGET_S:-540}))
+DEADLINE=$((SECONDS + ${BUDGET_S:-560}))
 HISTORY=$WORK/history.sqlite
 SUITE=ablations/nightly
 summary=()
@@ -43,14 +44,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
 step install 120 0 python3 -m pip install -q --no-deps --no-build-isolation -e .
 MS=(python3 -m microscope.cli)
-GATE=(--quick --device cuda --baseline last-good --history "$HISTORY" --repeat 3 --timeout 120)
-step night1 170 2 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night1"
-step work5 110 1 env MICROSCOPE_PLANT_WORK_PCT=5 "${MS[@]}" regress "$SUITE/planted_work.yaml" "${GATE[@]}" \
+step torch 60 0 python3 -c 'import time; t = time.time(); import torch; a = time.time(); torch.zeros(1, device="cuda")
+print(f"import torch {a - t:.1f} s, CUDA start {time.time() - a:.1f} s")'
+step probe 90 0 "${MS[@]}" run "$SUITE/planted_work.yaml" --quick --device cuda --no-report --no-progress \
+  --out "$WORK/probe"
+GATE=(--quick --device cuda --baseline last-good --history "$HISTORY" --repeat "${REPEAT:-2}" --timeout 120)
+step night1 200 2 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night1"
+step work5 130 1 env MICROSCOPE_PLANT_WORK_PCT=5 "${MS[@]}" regress "$SUITE/planted_work.yaml" "${GATE[@]}" \
   --out "$WORK/work5"
-step numerics 110 1 env MICROSCOPE_PLANT_NUMERICS=1 "${MS[@]}" regress "$SUITE/planted_work.yaml" "${GATE[@]}" \
+step numerics 130 1 env MICROSCOPE_PLANT_NUMERICS=1 "${MS[@]}" regress "$SUITE/planted_work.yaml" "${GATE[@]}" \
   --out "$WORK/numerics"
-step night2 170 0 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night2"
-step night3 170 0 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night3"
+step night2 200 0 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night2"
+step night3 200 0 "${MS[@]}" regress "$SUITE" "${GATE[@]}" --append --out "$WORK/night3"
 step show 40 0 "${MS[@]}" history show --db "$HISTORY" --plot "$WORK/trends.png"
 
 cd "$WORK" || exit 1

@@ -55,7 +55,6 @@ def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = 
         raise UserError(_problems(path, exc.problems)) from exc
     cited = "plugin"  # the field a plugin problem is reported at
     try:
-        registry.discover()
         for i, source in enumerate(config.plugins):
             cited = f"plugins[{i}]"
             registry.load_plugin_source(source, path.parent)

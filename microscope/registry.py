@@ -196,9 +196,36 @@ def discover(extra_sources: Iterable[str] = (), base_dir: Path | None = None) ->
     return {name: cls for name, (cls, _) in sorted(api._REGISTERED.items())}
 
 
+def import_room(name: str) -> None:
+    """Import the built-in room ``kernels/<name>/`` alone, if there is one: a run needs its own plugin, and
+    importing all of them costs seconds in every process (the parent and each worker)."""
+    module = f"{BUILTIN_PACKAGE}.{name}.ablation"
+    if not name.isidentifier() or name in BROKEN or module in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec(module) is None:
+            return
+    except (ImportError, ValueError):
+        return
+    try:
+        _import(module, f"built-in room kernels/{name}/")
+    except PluginError as exc:
+        BROKEN[name] = str(exc)
+
+
 def get(name: str, extra_sources: Iterable[str] = (), base_dir: Path | None = None) -> Ablation:
-    """An instance of the plugin registered as ``name``; unknown names get a "did you mean"."""
-    plugins = discover(extra_sources, base_dir)
+    """An instance of the plugin registered as ``name``; unknown names get a "did you mean".
+
+    The room of that name (and ``extra_sources``) is imported first; every other source only when the
+    name is not found there (an entry point, a typo to suggest a fix for).
+    """
+    import_room(name)
+    for source in extra_sources:
+        load_plugin_source(source, base_dir)
+    if name in api._REGISTERED:
+        plugins = {name: api._REGISTERED[name][0]}
+    else:
+        plugins = discover(extra_sources, base_dir)
     if name not in plugins and name in BROKEN:
         raise PluginError(f"plugin {name!r} failed to load: {BROKEN[name]}")
     if name not in plugins:
