@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                      help="default: the config's device, else auto (cuda when present)")
     run.add_argument("--quick", action="store_true", help="apply the config's quick: overlay (fewer cases/rounds)")
+    run.add_argument("--profile", default=None, metavar="NAME",
+                     help="merge the config's profiles: NAME entry after the device's (e.g. bench: the anchor "
+                          "shapes and timing of a GPU benchmark)")
     run.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results/)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -79,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="runs per config side, each in a fresh process (default 3)")
     cmp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="for config sides")
     cmp.add_argument("--quick", action="store_true", help="for config sides")
+    cmp.add_argument("--profile", default=None, metavar="NAME", help="for config sides: a named profile")
     cmp.add_argument("--seed", type=int, default=0, help="for config sides (every run uses the same seed)")
     cmp.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="for config sides")
     for side in ("a", "b"):

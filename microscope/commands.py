@@ -92,6 +92,8 @@ def _overrides(args: argparse.Namespace) -> dict:
         raise UserError(str(exc)) from exc
     if args.seed is not None:
         overrides["seed"] = args.seed
+    if getattr(args, "profile", None) is not None:
+        overrides[cfgmod.PROFILE_KEY] = args.profile
     return overrides
 
 
@@ -140,7 +142,9 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
     kind = args.executor or config.executor.kind
     jobs = args.jobs or config.executor.jobs
     console.print(Text.assemble(("microscope ", "bold"), f"{plugin.name} on ", (device, "bold"),
-                                f" ({devmod.device_name(device)}){' --quick' if args.quick else ''}, "
+                                f" ({devmod.device_name(device)}){' --quick' if args.quick else ''}"
+                                + (f" --profile {overrides[cfgmod.PROFILE_KEY]}" if cfgmod.PROFILE_KEY in overrides
+                                   else "") + ", "
                                 f"seed {config.seed}, executor {kind}" + (" (resumed)" if run_dir else "")))
     model_level = cfgmod.effective_level(config, plugin) == "model"
     runner_cls = ModelRunner if model_level else Runner  # same constructor and RunResult
@@ -241,6 +245,8 @@ def finish_run(run_dir: Path, config: cfgmod.RunConfig, console: Console, *, ver
     note = interpreter_note(data.records)
     if note:
         console.print(Text(f"note: {note}", style="yellow"))
+    if config.dimensions.throughput.table:
+        _print_rates(data, console)
     gate = gatemod.evaluate(data.comparison, data.records, config.gate)
     print_verdicts(console, data, gate)
     failed = int((data.records["status"] == "failed").sum()) if len(data.records) else 0
@@ -250,6 +256,17 @@ def finish_run(run_dir: Path, config: cfgmod.RunConfig, console: Console, *, ver
     if reports is not None:
         _write_reports(run_dir, ("md", "html"), reports, console)
     return gate.exit_code
+
+
+def _print_rates(data, console: Console) -> None:  # noqa: ANN001 - a RunData
+    """``throughput.table``: the benchmark table (rate and share of the ceiling per variant and case)."""
+    from microscope.report.rates_console import rates_table
+    from microscope.stats.table import incorrect_variants
+
+    wrong = {(case, variant) for _, case, variant in incorrect_variants(data.records)}
+    table = rates_table(data.records, wrong)
+    if table is not None:
+        console.print(table)
 
 
 def interpreter_note(records) -> str:  # noqa: ANN001 - a records DataFrame
@@ -442,7 +459,8 @@ def _compare_sides(sides: list[tuple[Path, str]], args: argparse.Namespace, cons
         folder = args.results / f"compare-{label}-{new_stamp()}"
         configs.append((path, label, folder))
         folders.append(folder)
-    per_side = {label: (list(args.set) + list(getattr(args, f"set_{label.lower()}")),
+    profile = [f"{cfgmod.PROFILE_KEY}={args.profile}"] if args.profile else []
+    per_side = {label: (list(args.set) + profile + list(getattr(args, f"set_{label.lower()}")),
                         side_env(getattr(args, f"env_{label.lower()}"), f"--env-{label.lower()}"))
                 for _, label in sides}
     for label in ("A", "B"):

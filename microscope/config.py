@@ -76,6 +76,11 @@ class ThroughputConfig:
     reps: int = 5  # timed calls per variant per round
     backward: bool = False  # time forward+backward instead of forward only
     flush_l2: bool = True  # GPU: overwrite the L2 cache before every timed call
+    # GPU: what a timed call's milliseconds are. events: CUDA events around each call, launch cost
+    # covered by queued work; cuda_graph: the call captured once in a CUDA graph and replayed (device time
+    # alone, for kernels of a few microseconds); host: the Python and launch time until the call returns
+    mode: Literal["events", "cuda_graph", "host"] = "events"
+    table: bool = False  # print each variant's TFLOP/s or GB/s and share of the ceiling per case (a bench table)
     input_sets: int = 3  # seeded input sets rotated across timed calls (1: the accuracy inputs only)
     check_rounds: int = 3  # rounds whose last timed output is checked against its float64 reference
 
@@ -179,7 +184,8 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = 600.0  # per trial group (a case, or a seed of a model run) in a worker process
     variants: tuple[str, ...] = ()  # subset to run; empty = all (the baseline always runs)
-    cases: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # axis -> values
+    # axis -> values (a grid), or a tuple of such grids taken together; read it through case_grids()
+    cases: Mapping[str, tuple[Any, ...]] | tuple[Mapping[str, tuple[Any, ...]], ...] = field(default_factory=dict)
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -202,7 +208,18 @@ class RunConfig:
         return _Where(self.path, self.lines, self.overridden).problem(dotted, text)
 
 
+def case_grids(config: RunConfig) -> list[tuple[str, Mapping[str, tuple[Any, ...]]]]:
+    """The config's case grids with the dotted name each is written at (``cases`` or ``cases[i]``); none
+    when the config keeps the plugin's own cases."""
+    if isinstance(config.cases, tuple):
+        return [(f"cases[{i}]", g) for i, g in enumerate(config.cases)]
+    return [("cases", config.cases)] if config.cases else []
+
+
 OVERLAY_KEYS = ("profiles", "quick")
+DEVICE_PROFILES = ("cpu", "cuda")
+#: The override key that names a ``profiles:`` entry to merge after the device's (``--profile bench``).
+PROFILE_KEY = "profile"
 
 
 @dataclass(frozen=True)
@@ -837,10 +854,20 @@ def _check_workload(kwargs: dict[str, Any], prefix: str, where: _Where, problems
             problems.append(where.problem(dotted, f"with profile {profile.name!r}: {exc}"))
 
 
-def _check_cases(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, tuple[Any, ...]]:
-    """``cases:`` is axis -> plain values: numbers, text or true/false, each once (a case is hashable)."""
+def _check_cases(value: Any, dotted: str, where: _Where, problems: list[str]) -> Any:
+    """``cases:`` is a grid, axis -> plain values (numbers, text or true/false, each once: a case is
+    hashable), or a list of such grids whose cases are taken together (e.g. benchmark anchor shapes)."""
+    if isinstance(value, list):
+        if not value:
+            problems.append(where.problem(dotted, "empty list; give at least one grid such as '- {seq: [128]}'"))
+        return tuple(_check_grid(item, f"{dotted}[{i}]", where, problems) for i, item in enumerate(value))
+    return _check_grid(value, dotted, where, problems)
+
+
+def _check_grid(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, tuple[Any, ...]]:
     if not isinstance(value, Mapping):
-        problems.append(where.problem(dotted, "expected a mapping axis -> list of values, e.g. 'seq: [128, 256]'"))
+        problems.append(where.problem(dotted, "expected a mapping axis -> list of values, e.g. 'seq: [128, 256]' "
+                                              "(or a list of such mappings)"))
         return {}
     out = {}
     for axis, values in value.items():
@@ -901,6 +928,11 @@ def _render(value: Any) -> str:
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
+    if parents == ["cases"] and isinstance(data.get("cases"), list):  # an axis of every grid of the list
+        for grid_ in data["cases"]:
+            if isinstance(grid_, dict):
+                grid_[last] = copy.deepcopy(value)
+        return
     node = data
     for part in parents:
         child = node.get(part)
@@ -928,10 +960,11 @@ def load(
     quick: bool = False,
     overrides: Mapping[str, Any] | None = None,
 ) -> RunConfig:
-    """Read, overlay (device profile, then ``quick``) and validate a config file.
+    """Read, overlay (device profile, named profile, then ``quick``) and validate a config file.
 
     ``device`` picks the ``profiles:`` entry (``cpu`` or ``cuda``); ``None`` leaves profiles unapplied.
-    ``overrides`` are dotted keys from the command line (``seed``, ``workload.steps``), applied last.
+    ``overrides`` are dotted keys from the command line (``seed``, ``workload.steps``), applied last;
+    the key ``profile`` (``--profile bench``) names a further ``profiles:`` entry to merge.
     """
     return loads(read_config_text(path), str(path), device=device, quick=quick, overrides=overrides)
 
@@ -951,6 +984,7 @@ def loads(
     if not isinstance(data, dict):
         raise ConfigError([f"{file}:1: the config must be a mapping of keys (e.g. 'plugin: flash_attn')"])
     overrides = dict(overrides or {})
+    named = overrides.pop(PROFILE_KEY, None)
     cli = {key: f"--set {key}={_render(value)}" for key, value in overrides.items()}
     where = _Where(file, lines, cli)
     problems: list[str] = []
@@ -962,17 +996,34 @@ def loads(
         problems.append(where.problem("profiles", "expected 'profiles: {cpu: {...}, cuda: {...}}'"))
         profiles = {}
     for name in profiles:
-        if name not in ("cpu", "cuda"):
-            problems.append(where.problem(f"profiles.{name}", f"unknown device{_suggest(name, ['cpu', 'cuda'])} "
-                                                              "(use cpu or cuda)"))
-        else:
-            # validate every profile, not only the one this run uses: a typo in the cuda profile
-            # must show on a CPU laptop too
+        if not isinstance(name, str) or not name.isidentifier():
+            problems.append(where.problem(f"profiles.{name}", "a profile is cpu, cuda, or a name of letters, digits "
+                                                              "and underscores (e.g. bench)"))
+            continue
+        device_typo = _suggest(name, list(DEVICE_PROFILES)) if name not in DEVICE_PROFILES else ""
+        if device_typo:  # 'gpu:' or 'cdua:' would never apply on a GPU: say so instead of taking it as a name
+            problems.append(where.problem(f"profiles.{name}", f"unknown device{device_typo} (device profiles are "
+                                                              "cpu and cuda; other names are chosen with --profile)"))
+            continue
+        # validate every profile, not only the one this run uses: a typo in the cuda profile must show on
+        # a CPU laptop too; a named profile is checked over each device profile it may follow
+        bases = [None] if name in DEVICE_PROFILES else [None, *(d for d in DEVICE_PROFILES if d in profiles)]
+        for base in bases:
             probe = copy.deepcopy(data)
             probe_lines = dict(lines)
+            if base is not None:
+                _deep_merge(probe, profiles[base], probe_lines, f"profiles.{base}", "")
             _deep_merge(probe, profiles[name], probe_lines, f"profiles.{name}", "")
             _apply_overrides(probe, probe_lines, overrides)
             _build(RunConfig, probe, "", file, probe_lines, problems, cli)
+    if named is not None:
+        choices = [n for n in profiles if isinstance(n, str) and n not in DEVICE_PROFILES]
+        if named in DEVICE_PROFILES:
+            problems.append(f"--profile {_show(named)}: the {named} profile follows the device (--device {named})")
+        elif named not in choices:
+            problems.append(f"--profile {_show(named)}: {file} has no such profile"
+                            + (f"{_suggest(named, choices)} (its profiles: {', '.join(choices)})" if choices
+                               else "; add one under 'profiles:' (e.g. 'bench: {cases: ...}')"))
     if quick_overlay is None:
         quick_overlay = {}
     if not isinstance(quick_overlay, dict):
@@ -980,6 +1031,8 @@ def loads(
         quick_overlay = {}
     if device in profiles:
         _deep_merge(data, profiles[device], lines, f"profiles.{device}", "")
+    if named in profiles and named not in DEVICE_PROFILES:
+        _deep_merge(data, profiles[named], lines, f"profiles.{named}", "")
     if quick:
         _deep_merge(data, quick_overlay, lines, "quick", "")
     _apply_overrides(data, lines, overrides)
@@ -1028,8 +1081,9 @@ def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
                 close = difflib.get_close_matches(name, names, n=1) if len(name) <= 100 else []
                 hint = f"did you mean {close[0]!r}?" if close else f"the plugin's arms are {', '.join(names)}"
                 problems.append(config.problem(f"variants[{i}]", f"no arm {_show(name)}; {hint}"))
-        for axis in config.cases:
-            problems.append(config.problem(f"cases.{axis}", _model_case_problem(axis)))
+        for at, grid_ in case_grids(config):
+            for axis in grid_:
+                problems.append(config.problem(f"{at}.{axis}", _model_case_problem(axis)))
         if problems:
             raise ConfigError(problems)
         return
@@ -1043,25 +1097,31 @@ def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
     for case in plugin.cases:
         for axis, value in case.items:
             axes.setdefault(axis, []).append(value)
-    sizes = {axis: len(_unique(values)) for axis, values in axes.items()}
-    for axis, values in config.cases.items():
-        dotted = f"cases.{axis}"
-        if axis not in axes:
-            close = difflib.get_close_matches(axis, list(axes), n=1) if len(axis) <= 100 else []
-            hint = f"did you mean {close[0]!r}?" if close else f"the plugin's axes are {', '.join(axes)}"
-            problems.append(config.problem(dotted, f"plugin {plugin.name!r} has no case axis {_show(axis)}; {hint}"))
-            continue
-        sizes[axis] = len(values)
-        kinds = {type(v) for v in axes[axis]}
-        for value in values:
-            if axis == "dtype" and value not in DTYPES:
-                close = difflib.get_close_matches(str(value), list(DTYPES), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                problems.append(config.problem(dotted, f"{_show(value)} is not a dtype ({', '.join(DTYPES)}){hint}"))
-            elif type(value) not in kinds and not (float in kinds and type(value) is int):
-                want = " or ".join(sorted(k.__name__ for k in kinds))
-                problems.append(config.problem(dotted, f"{_show(value)} is a {type(value).__name__}, expected {want}"))
-    total = math.prod(sizes.values())
+    plain = {axis: len(_unique(values)) for axis, values in axes.items()}
+    total = 0 if case_grids(config) else math.prod(plain.values())
+    for at, grid_ in case_grids(config):
+        sizes = dict(plain)
+        for axis, values in grid_.items():
+            dotted = f"{at}.{axis}"
+            if axis not in axes:
+                close = difflib.get_close_matches(axis, list(axes), n=1) if len(axis) <= 100 else []
+                hint = f"did you mean {close[0]!r}?" if close else f"the plugin's axes are {', '.join(axes)}"
+                problems.append(config.problem(dotted, f"plugin {plugin.name!r} has no case axis {_show(axis)}; "
+                                                       f"{hint}"))
+                continue
+            sizes[axis] = len(values)
+            kinds = {type(v) for v in axes[axis]}
+            for value in values:
+                if axis == "dtype" and value not in DTYPES:
+                    close = difflib.get_close_matches(str(value), list(DTYPES), n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    problems.append(config.problem(dotted, f"{_show(value)} is not a dtype ({', '.join(DTYPES)})"
+                                                           f"{hint}"))
+                elif type(value) not in kinds and not (float in kinds and type(value) is int):
+                    want = " or ".join(sorted(k.__name__ for k in kinds))
+                    problems.append(config.problem(dotted, f"{_show(value)} is a {type(value).__name__}, "
+                                                           f"expected {want}"))
+        total += math.prod(sizes.values())
     if total > MAX_CASES:
         problems.append(config.problem("cases", f"asks for {total} cases (the product of the axes' lengths); at "
                                                 f"most {MAX_CASES} are allowed: list fewer values per axis"))

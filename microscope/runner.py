@@ -23,7 +23,7 @@ import torch
 
 from microscope import env as envmod
 from microscope.api import Ablation, Case, Role, Tolerance, Variant, dtype_name, grid
-from microscope.config import RunConfig, ThroughputConfig
+from microscope.config import RunConfig, ThroughputConfig, case_grids
 from microscope.device import synchronize
 from microscope.executors.groups import Group, Resume, RunOutcome
 from microscope.measures import accuracy, memory, throughput
@@ -57,18 +57,23 @@ class RunResult:
 
 
 def plan_cases(plugin: Ablation, config: RunConfig) -> list[Case]:
-    """The plugin's case grid with the config's axes substituted (a full grid over the axes)."""
-    if not config.cases:
+    """The plugin's case grid with the config's axes substituted (a full grid over the axes); with a list
+    of grids, the cases of each in turn, each case once."""
+    grids = case_grids(config)
+    if not grids:
         return list(plugin.cases)
-    axes: dict[str, list[Any]] = {}
+    default: dict[str, list[Any]] = {}
     for case in plugin.cases:
         for axis, value in case.items:
-            values = axes.setdefault(axis, [])
+            values = default.setdefault(axis, [])
             if value not in values:
                 values.append(value)
-    for axis, values in config.cases.items():
-        axes[axis] = list(values)
-    return grid(**axes)
+    planned: dict[str, Case] = {}
+    for _, chosen in grids:
+        axes = {axis: list(chosen.get(axis, values)) for axis, values in default.items()}
+        for case in grid(**axes):
+            planned.setdefault(case.id, case)
+    return list(planned.values())
 
 
 def plan_variants(plugin: Ablation, config: RunConfig) -> list[tuple[str, Variant]]:
@@ -434,10 +439,11 @@ class Runner(RunBase):
             cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
         for name, variant in timed:
             buffers[name] = fresh_inputs(inputs, grad_names if variant.differentiable else ())
-            thunks[name] = self._marked(name, make_call(variant, buffers[name], grad_names, bool(grad_names), cots))
+            thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
         rotation = self._rotation(case, seed, inputs, buffers, cfg)
         results = throughput.interleaved(thunks, cfg, self.device, rotation=rotation,
-                                         gpu_state=self._gpu.sample if self._gpu is not None else None)
+                                         gpu_state=self._gpu.sample if self._gpu is not None else None,
+                                         on_variant=None if getattr(self.mark, "noop", False) else self.mark)
         mode = "forward+backward" if grad_names else "forward"
         flops = self.plugin.flops(case, backward=bool(grad_names))
         nbytes = self.plugin.bytes(case, backward=bool(grad_names))
@@ -451,8 +457,10 @@ class Runner(RunBase):
                 continue
             interpreted = self.interpreted and "triton" in variant.needs
             notes = [INTERPRETER_NOTE] if interpreted else []
+            timing_mode = cfg.mode if self.device == "cuda" else "events"
             details = {"rounds": timing.rounds, "reps": cfg.reps, "warmup": cfg.warmup, "mode": mode,
-                       "timer": "cuda_event" if self.device == "cuda" else "perf_counter",
+                       "timing_mode": timing_mode,
+                       "timer": throughput.TIMER_NAMES[timing_mode] if self.device == "cuda" else "perf_counter",
                        "l2_flush": self.device == "cuda" and cfg.flush_l2, "iqr_rel": timing.iqr_rel,
                        "n_samples": len(timing.samples), "input_sets": rotation.n_sets, "notes": notes,
                        "interpreted": interpreted}
@@ -465,7 +473,7 @@ class Runner(RunBase):
                 self.tensorboard.scalar(name, f"latency_ms/{case.id}", timing.median_ms)
             seconds = timing.median_ms / 1e3
             for metric, amount, unit, scale in (("tflops", flops, "TFLOP/s", 1e12), ("gbps", nbytes, "GB/s", 1e9)):
-                if not amount:
+                if not amount or timing_mode == "host":  # host time is not the kernel's: no rate from it
                     continue
                 extra: dict[str, Any] = {"mode": mode, "amount": amount, "notes": notes}
                 if self.ceilings is not None:
@@ -474,19 +482,6 @@ class Runner(RunBase):
                     extra["ceiling"] = ceiling
                 self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
                            details=extra)
-
-    def _marked(self, name: str, thunk: Callable[[], Any]) -> Callable[[], Any]:
-        """``thunk`` that first tells the executor which variant is running (in a worker process only:
-        inline runs call the thunk itself, adding nothing to the timed path)."""
-        mark = self.mark
-        if getattr(mark, "noop", False):
-            return thunk
-
-        def call() -> Any:
-            mark(name)
-            return thunk()
-
-        return call
 
     def _rotation(self, case: Case, seed: int, inputs: dict[str, Any], buffers: dict[str, dict[str, Any]],
                   cfg: ThroughputConfig) -> throughput.Rotation:

@@ -90,6 +90,46 @@ def test_profiles_and_quick_overlay_in_order():
     assert cuda.where("cases.rows") == "x.yaml:6"
 
 
+def test_a_named_profile_applies_after_the_device_profile_and_is_checked_on_every_device():
+    text = (
+        "plugin: toy_gelu\ncases: {rows: [3]}\ndimensions: {throughput: {rounds: 9}}\n"
+        "profiles:\n  cuda:\n    cases: {rows: [4096]}\n    dimensions: {throughput: {rounds: 20}}\n"
+        "  bench:\n    dimensions: {throughput: {rounds: 30, mode: cuda_graph}}\n"
+        "quick:\n  dimensions: {throughput: {rounds: 2}}\n"
+    )
+    bench = cfgmod.loads(text, "x.yaml", device="cuda", overrides={"profile": "bench"})
+    assert bench.cases == {"rows": (4096,)} and bench.dimensions.throughput.rounds == 30
+    assert bench.dimensions.throughput.mode == "cuda_graph" and bench.where("dimensions.throughput.rounds") == "x.yaml:9"
+    quick = cfgmod.loads(text, "x.yaml", device="cuda", quick=True, overrides={"profile": "bench"})
+    assert quick.dimensions.throughput.rounds == 2  # quick comes last
+    assert cfgmod.loads(text, "x.yaml", device="cuda").dimensions.throughput.rounds == 20  # not asked for
+    assert problems(text, overrides={"profile": "bnech"}) == (
+        "--profile 'bnech': x.yaml has no such profile; did you mean 'bench'? (its profiles: bench)"
+        .replace("x.yaml", "ablations/bad.yaml"))
+    assert "the cuda profile follows the device (--device cuda)" in problems(text, overrides={"profile": "cuda"})
+    typo = text.replace("mode: cuda_graph", "mode: graph")
+    assert "ablations/bad.yaml:9: dimensions.throughput.mode:" in problems(typo, device="cpu")
+
+
+def test_a_list_of_case_grids_takes_their_cases_together_and_cites_each_grid():
+    from microscope.runner import plan_cases
+
+    text = (f"plugin: toy_gelu\nplugins: [{TOY}]\ncases:\n  - {{rows: [3, 5], cols: [7], dtype: [fp32]}}\n"
+            "  - {rows: [5, 9], cols: [7, 8], dtype: [fp32]}\n")
+    cfg = cfgmod.loads(text, "x.yaml")
+    cfgmod.check_against_plugin(cfg, _plugin())
+    ids = [c.id for c in plan_cases(_plugin(), cfg)]
+    assert len(ids) == len(set(ids)) == 5  # rows=5,cols=7 is in both grids: once
+    assert [c.id.split(",")[:2] for c in plan_cases(_plugin(), cfg)][:2] == [["rows=3", "cols=7"], ["rows=5", "cols=7"]]
+    narrowed = cfgmod.loads(text, "x.yaml", overrides={"cases.cols": [8]})  # --set an axis of every grid
+    assert {c["cols"] for c in plan_cases(_plugin(), narrowed)} == {8}
+    bad = cfgmod.loads(text.replace("rows: [5, 9]", "rowz: [5, 9]"), "ablations/bad.yaml")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_against_plugin(bad, _plugin())
+    assert "ablations/bad.yaml:5: cases[1].rowz: plugin 'toy_gelu' has no case axis 'rowz'" in str(info.value)
+    assert "cases[0]: expected a mapping" in problems("plugin: toy_gelu\ncases:\n  - [3]\n")
+
+
 def _plugin():
     return registry.get("toy_gelu", [TOY])
 

@@ -101,6 +101,33 @@ def test_throughput_records_carry_interleaved_rounds(toy_run):
     assert _by(toy_run, variant="eager", metric="gbps")
 
 
+def test_interleaved_marks_each_variant_outside_its_timed_calls_and_cpu_ignores_the_gpu_mode():
+    """``on_variant`` runs before each warm-up and before each variant's calls of a round, in the
+    alternating order; on a CPU every timing mode is ``perf_counter``."""
+    from microscope.config import ThroughputConfig
+    from microscope.measures import throughput
+
+    seen: list[str] = []
+    calls = {"a": 0, "b": 0}
+
+    def thunk(name):
+        def call():
+            calls[name] += 1
+            return seen[-1] == name  # the marker names the variant while it runs
+        return call
+
+    cfg = ThroughputConfig(warmup=1, rounds=3, reps=2, mode="cuda_graph")
+    res = throughput.interleaved({"a": thunk("a"), "b": thunk("b")}, cfg, "cpu", on_variant=seen.append)
+    assert seen == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert calls == {"a": 7, "b": 7} and all(len(t.rounds) == 3 and t.error is None for t in res.values())
+
+
+def test_an_unknown_timing_mode_is_a_config_error_with_the_choices():
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.loads(BASE.replace("reps: 2}", "reps: 2, mode: graphs}"), "toy.yaml")
+    assert "dimensions.throughput.mode" in str(err.value.problems) and "'cuda_graph'" in str(err.value.problems)
+
+
 def test_cpu_peak_memory_is_measured_not_zero(toy_run):
     mem = _by(toy_run, variant="eager", dimension="memory", case_id="rows=17,cols=33,fp32")[0]
     out_bytes = 17 * 33 * 4

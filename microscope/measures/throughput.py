@@ -4,10 +4,19 @@ Variants are never timed against a number stored from another run. Each round ti
 ``reps`` times, in alternating order (A B C, then C B A, ...), so slow drifts of the machine (clock
 boost, thermals, a neighbour process) hit all variants alike; the statistics work on per-round medians.
 
-GPU: CUDA events around each call, the L2 cache overwritten before each call (outside the timed
-region) so that a kernel is not flattered by inputs left in cache by its previous repetition, and
-~1 ms of queued GPU work ahead of the start event so that host-side launch latency is not counted.
-CPU: ``time.perf_counter``. Under the Triton interpreter the figures describe the interpreter, not the
+GPU, three timing modes (``throughput.mode``), each with the L2 cache overwritten before each call
+(outside the timed region) so that a kernel is not flattered by inputs left in cache by its previous
+repetition:
+
+* ``events``: CUDA events around each call, ~1 ms of queued GPU work ahead of the start event so that
+  host-side launch latency is not counted;
+* ``cuda_graph``: each variant's call captured once in a CUDA graph after its warm-up (autotuning
+  done), then replayed between the events: device time alone, what a kernel of a few microseconds
+  needs, and what a model running under CUDA graphs sees;
+* ``host``: ``time.perf_counter`` around the call while ~20 ms of queued GPU work keeps the launches
+  asynchronous: the Python, dispatch and launch cost per call (a call that synchronises shows it).
+
+CPU: ``time.perf_counter`` (every mode). Under the Triton interpreter the figures describe the interpreter, not the
 kernel: records say so and reports mark them as not representative.
 
 Timed calls are held to the answer the accuracy dimension checked: their inputs rotate over several
@@ -34,6 +43,12 @@ L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H100/H200: 50 
 #: work per call on the H200 machine (two launches, four TMA descriptors), and its bench once timed
 #: the 0.27 ms kernel at 0.37 ms with plain back-to-back launches.
 LAUNCH_COVER_CYCLES = 2_000_000
+#: ~20 ms of queued GPU work in host mode: a call's launches queue behind it, so the call returns
+#: after its host work alone (host costs are tens to hundreds of microseconds).
+HOST_COVER_CYCLES = 40_000_000
+TIMING_MODES = ("events", "cuda_graph", "host")
+#: What each mode's milliseconds are, as the records' ``details.timer`` says.
+TIMER_NAMES = {"events": "cuda_event", "cuda_graph": "cuda_graph_replay", "host": "host_perf_counter"}
 
 
 @dataclass
@@ -68,10 +83,13 @@ class Timing:
 
 
 class Timer:
-    """Times one call of a thunk, in milliseconds, the right way for the device."""
+    """Times one call of a thunk, in milliseconds, the right way for the device and timing mode."""
 
-    def __init__(self, device: str, flush_l2: bool) -> None:
+    def __init__(self, device: str, flush_l2: bool, mode: str = "events") -> None:
+        if mode not in TIMING_MODES:
+            raise ValueError(f"timing mode {mode!r}: one of {', '.join(TIMING_MODES)}")
         self.device = device
+        self.mode = mode
         self._flush = None
         if device == "cuda":
             if flush_l2:
@@ -87,6 +105,13 @@ class Timer:
             return (time.perf_counter() - t0) * 1e3, out
         if self._flush is not None:
             self._flush.zero_()
+        if self.mode == "host":
+            torch.cuda._sleep(HOST_COVER_CYCLES)
+            t0 = time.perf_counter()
+            out = thunk()
+            seconds = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            return seconds * 1e3, out
         if hasattr(torch.cuda, "_sleep"):
             # Keep the GPU busy while the CPU enqueues the start event and the call, so that a
             # variant's Python launch latency (autotuner dispatch, argument checks) is not timed as
@@ -125,6 +150,27 @@ class Rotation:
         return {round(i * (rounds - 1) / (n - 1)) for i in range(n)}
 
 
+def graphed(thunk: Callable[[], Any]) -> Callable[[], Any]:
+    """``thunk`` captured once in a CUDA graph: the returned callable replays it and returns the output
+    of the capture (its buffers hold each replay's result). Raises what the capture raised."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a call on a side stream before capture, as CUDA graphs require
+        thunk()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = thunk()
+    torch.cuda.synchronize()
+
+    def replay() -> Any:
+        graph.replay()
+        return out
+
+    return replay
+
+
 def interleaved(
     thunks: Mapping[str, Callable[[], Any]],
     cfg: ThroughputConfig,
@@ -132,22 +178,29 @@ def interleaved(
     on_round: Callable[[int], None] | None = None,
     rotation: Rotation | None = None,
     gpu_state: Callable[[], dict[str, Any] | None] | None = None,
+    on_variant: Callable[[str], None] | None = None,
 ) -> dict[str, Timing]:
     """Warm every variant up, then time all of them in interleaved rounds.
 
     Call ``i`` of a round sees input set ``(round * reps + i) % n_sets`` for every variant, so the
-    variants of a round stay paired. A variant that raises (during warm-up or a round) keeps its
-    error and drops out of later rounds; the others go on.
+    variants of a round stay paired. A variant that raises (during warm-up, capture or a round) keeps
+    its error and drops out of later rounds; the others go on. ``on_variant(name)`` runs before each
+    variant's warm-up and before its calls of each round, outside the timed region (the executor's
+    "running now" marker).
     """
     rot = rotation or Rotation()
-    timer = Timer(device, cfg.flush_l2)
+    mode = cfg.mode if device == "cuda" else "events"
+    timer = Timer(device, cfg.flush_l2, mode)
     results = {name: Timing() for name in thunks}
+    calls_of = dict(thunks)
+    mark = on_variant or (lambda name: None)
 
     def load(name: str, k: int) -> None:
         if rot.load is not None and rot.n_sets > 1:
             rot.load(name, k)
 
     for name, thunk in thunks.items():
+        mark(name)
         try:
             for i in range(cfg.warmup):
                 load(name, i % rot.n_sets)
@@ -156,6 +209,13 @@ def interleaved(
                 torch.cuda.synchronize()
         except Exception as exc:  # recorded as a failed trial by the runner
             results[name].error = f"{type(exc).__name__}: {exc}"
+            continue
+        if mode == "cuda_graph":
+            try:
+                calls_of[name] = graphed(thunk)
+            except Exception as exc:
+                results[name].error = (f"cannot be captured in a CUDA graph ({type(exc).__name__}: {exc}); "
+                                       "time it with throughput.mode: events")
     order = [n for n in thunks if results[n].error is None]
     checked = rot.rounds_to_check(cfg.rounds)
     for r in range(cfg.rounds):
@@ -163,12 +223,13 @@ def interleaved(
             timing = results[name]
             if timing.error is not None:
                 continue
+            mark(name)
             calls: list[float] = []
             try:
                 for i in range(cfg.reps):
                     k = (r * cfg.reps + i) % rot.n_sets
                     load(name, k)
-                    ms, out = timer(thunks[name])
+                    ms, out = timer(calls_of[name])
                     calls.append(ms)
                 if r in checked and rot.check is not None:
                     timing.checks.append((r, k, rot.check(name, k, out)))

@@ -1,0 +1,77 @@
+"""The GPU timing modes through the runner: CUDA-graph replay and host time per call.
+
+Skipped where no GPU is present (CI). On a GPU host: ``python -m pytest -m gpu tests/test_gpu_timing.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from microscope import config as cfgmod
+from microscope import registry
+from microscope.runner import Runner
+
+pytestmark = pytest.mark.gpu
+
+PLUGIN = '''
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+def scale(x):
+    return x * 2.0
+
+
+def scale_synchronising(x):
+    out = x * 2.0
+    torch.cuda.synchronize()  # a host wait on every call: cannot be captured, and shows as host time
+    return out
+
+
+@register("timing_modes_probe")
+class Probe(Ablation):
+    """x * 2, once plainly and once with a device synchronisation per call."""
+
+    variants = {"plain": baseline(scale), "synchronising": candidate(scale_synchronising, differentiable=False)}
+    cases = grid(n=[1 << 20], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-6)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+'''
+
+
+def _run(tmp_path, mode: str):
+    (tmp_path / "probe_plugin.py").write_text(PLUGIN)
+    text = (f"plugin: timing_modes_probe\nplugins: [probe_plugin.py]\ndimensions:\n  memory: {{enabled: false}}\n"
+            f"  throughput: {{warmup: 2, rounds: 4, reps: 3, mode: {mode}}}\n")
+    cfg = cfgmod.loads(text, str(tmp_path / "probe.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    return Runner(plugin, cfg, device="cuda", interpreted=False, out_root=tmp_path, run_id=mode).run()
+
+
+def _latency(result, variant):
+    (rec,) = [r for r in result.records if r.variant == variant and r.metric == "latency_ms"]
+    return rec
+
+
+def test_cuda_graph_mode_replays_captured_calls_and_names_what_cannot_be_captured(tmp_path):
+    result = _run(tmp_path, "cuda_graph")
+    plain = _latency(result, "plain")
+    assert plain.status == "ok" and plain.details["timer"] == "cuda_graph_replay"
+    assert plain.details["timing_mode"] == "cuda_graph" and len(plain.details["rounds"]) == 4
+    (checked,) = [r for r in result.records if r.variant == "plain" and r.metric == "timed_calls.ok"]
+    assert checked.passed and len(checked.details["checked"]) == 3  # replays of rotated inputs, each right
+    syncing = _latency(result, "synchronising")
+    assert syncing.status == "failed" and "cannot be captured in a CUDA graph" in syncing.reason
+    assert "throughput.mode: events" in syncing.reason
+
+
+def test_host_mode_times_the_call_until_it_returns(tmp_path):
+    """A call that only launches returns while the queued 20 ms of GPU work runs; one that synchronises
+    waits for it, so its host time is ~100x longer. No TFLOP/s or GB/s come from host time."""
+    result = _run(tmp_path, "host")
+    plain, syncing = _latency(result, "plain"), _latency(result, "synchronising")
+    assert plain.details["timer"] == syncing.details["timer"] == "host_perf_counter"
+    assert plain.value < 2.0 < 10.0 < syncing.value, (plain.value, syncing.value)
+    assert not [r for r in result.records if r.metric in ("tflops", "gbps")]
