@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every kernel room's bench profile through `microscope run`, in one device call (<= BUDGET_S, 440 s):
+#   bash .ci/gpu_bench.sh
+# First the GPU timing-mode tests (CUDA-graph replay, host time), then
+#   microscope run ablations/<room>.yaml --device cuda --profile bench
+# for flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache, each under its own time limit;
+# a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
+# whose bench table is the room's figures), runs.tgz (records, comparison, groups), summary.txt (last).
+set -u
+OUT=${OUT:-/tmp/microscope-gpu-bench}
+WORK=$OUT/work
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-180}
+DEADLINE=$((SECONDS + ${BUDGET_S:-440}))
+summary=()
+
+step() {  # step NAME MAX_SECONDS COMMAND...
+  local name=$1 max=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS - 15))
+  if [ "$left" -lt 30 ]; then
+    summary+=("$(printf '%-22s skipped (out of time)' "$name")")
+    return
+  fi
+  [ "$max" -gt "$left" ] && max=$left
+  local start=$SECONDS
+  timeout -k 5 "$max" "$@" >"$WORK/$name.txt" 2>&1
+  local rc=$?
+  local how="exit $rc"
+  [ "$rc" = 124 ] && how="TIMED OUT at $max s"
+  summary+=("$(printf '%-22s %-18s %4s s' "$name" "$how" "$((SECONDS - start))")")
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
+step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
+step timing_tests 90 python3 -m pytest -q -m gpu tests/test_gpu_timing.py
+for room in flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache; do
+  limit=90
+  [ "$room" = flash_attn ] && limit=180
+  step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
+    --out "$WORK/runs" --no-report --no-progress
+done
+cd "$WORK" || exit 1
+find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
+tar czf "$OUT/consoles.tgz" ./*.txt
+for f in ./*.txt; do echo "== $f"; grep -v "^ *$" "$f" | head -40; done
+cd "$OUT" && rm -rf "$WORK"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
