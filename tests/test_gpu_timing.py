@@ -41,12 +41,19 @@ class Probe(Ablation):
 '''
 
 
-def _run(tmp_path, mode: str):
-    (tmp_path / "probe_plugin.py").write_text(PLUGIN)
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+    """One plugin file for the module: a plugin name registers once per process."""
+    folder = tmp_path_factory.mktemp("probe")
+    (folder / "probe_plugin.py").write_text(PLUGIN)
+    return folder
+
+
+def _run(plugin_dir, tmp_path, mode: str):
     text = (f"plugin: timing_modes_probe\nplugins: [probe_plugin.py]\ndimensions:\n  memory: {{enabled: false}}\n"
             f"  throughput: {{warmup: 2, rounds: 4, reps: 3, mode: {mode}}}\n")
-    cfg = cfgmod.loads(text, str(tmp_path / "probe.yaml"))
-    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    cfg = cfgmod.loads(text, str(plugin_dir / "probe.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=plugin_dir)
     return Runner(plugin, cfg, device="cuda", interpreted=False, out_root=tmp_path, run_id=mode).run()
 
 
@@ -55,8 +62,8 @@ def _latency(result, variant):
     return rec
 
 
-def test_cuda_graph_mode_replays_captured_calls_and_names_what_cannot_be_captured(tmp_path):
-    result = _run(tmp_path, "cuda_graph")
+def test_cuda_graph_mode_replays_captured_calls_and_names_what_cannot_be_captured(plugin_dir, tmp_path):
+    result = _run(plugin_dir, tmp_path, "cuda_graph")
     plain = _latency(result, "plain")
     assert plain.status == "ok" and plain.details["timer"] == "cuda_graph_replay"
     assert plain.details["timing_mode"] == "cuda_graph" and len(plain.details["rounds"]) == 4
@@ -67,10 +74,10 @@ def test_cuda_graph_mode_replays_captured_calls_and_names_what_cannot_be_capture
     assert "throughput.mode: events" in syncing.reason
 
 
-def test_host_mode_times_the_call_until_it_returns(tmp_path):
+def test_host_mode_times_the_call_until_it_returns(plugin_dir, tmp_path):
     """A call that only launches returns while the queued 20 ms of GPU work runs; one that synchronises
     waits for it, so its host time is ~100x longer. No TFLOP/s or GB/s come from host time."""
-    result = _run(tmp_path, "host")
+    result = _run(plugin_dir, tmp_path, "host")
     plain, syncing = _latency(result, "plain"), _latency(result, "synchronising")
     assert plain.details["timer"] == syncing.details["timer"] == "host_perf_counter"
     assert plain.value < 2.0 < 10.0 < syncing.value, (plain.value, syncing.value)
