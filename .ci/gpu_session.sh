@@ -59,9 +59,10 @@ benches() {
 }
 planted() {
   # the cuda profile (60 rounds of a ~0.2 ms kernel), then a short one: 20 rounds of a ~45 us kernel
-  step planted "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 --device cuda
-  step planted-short "${PLANTED_LIMIT:-100}" python3 -m microscope_kernels.planted_work.study --runs 20 \
-    --device cuda --rounds 20 --set "cases.iters=[20000]"
+  step planted "${PLANTED_LIMIT:-100}" python3 -m microscope.cli calibrate ablations/planted_work.yaml --runs 20 \
+    --device cuda
+  step planted-short "${PLANTED_LIMIT:-100}" python3 -m microscope.cli calibrate ablations/planted_work.yaml --runs 20 \
+    --device cuda --set dimensions.throughput.rounds=20 "cases.iters=[20000]"
 }
 model_run() {  # model_run CONFIG
   step "model-$1" "${MODEL_LIMIT:-600}" microscope run "ablations/$1.yaml" --device cuda --no-progress \

@@ -9,6 +9,14 @@ baseline (``Tolerance``) and how many FLOPs and bytes a case moves (for TFLOP/s,
 The harness owns everything else: timing, memory, seeding, hooks, statistics and reports. A plugin
 never times itself, so every variant of every plugin is measured the same way.
 
+Where a plugin lives: a built-in room is ``kernels/<name>/`` with the plugin in ``ablation.py`` (the
+registry imports ``kernels/<name>/ablation.py`` for a config whose ``plugin:`` is ``<name>``) and a
+config ``ablations/<name>.yaml`` beside the others (cases, dimensions, a ``profiles: {cuda: ...}`` entry
+and a ``bench`` profile of benchmark shapes); an outside plugin is any ``.py`` file named under a
+config's ``plugins:``. Model-level plugins swap parts of the embedded workload through the types
+re-exported here (``Transformer``, ``EagerAttention``, ``KVCache``, ``NormGelu``); nothing else of
+``microscope`` is part of the contract.
+
 Minimal example (see ``kernels/flash_attn/ablation.py`` for a full one)::
 
     from microscope.api import Ablation, Tolerance, baseline, candidate, grid, register
@@ -39,13 +47,19 @@ from typing import Any, ClassVar
 
 import torch
 
+from microscope.workloads import EagerAttention, KVCache, NormGelu, Transformer
+
 __all__ = [
     "DTYPES",
     "Ablation",
     "Arm",
     "Case",
+    "EagerAttention",
+    "KVCache",
+    "NormGelu",
     "Role",
     "Tolerance",
+    "Transformer",
     "Variant",
     "baseline",
     "candidate",

@@ -1,4 +1,5 @@
-"""``microscope run | list | validate | report | compare | history | regress | baseline | tensorboard``: the CLI.
+"""The CLI: ``microscope run | resume | list | validate | report | compare | history | regress | baseline |
+calibrate | tensorboard``.
 
 Exit codes (the contract with CI; ``EXIT_CODES`` is what ``--help`` prints): 0 every gated comparison
 holds, 1 a candidate fails accuracy, a gated comparison regresses or a trial failed, 2 bad config,
@@ -14,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from microscope import __version__, baseline_command, history_command, regress
+from microscope import __version__, baseline_command, calibrate, history_command, regress
 
 EXIT_CODES = """exit codes:
   0  every gated comparison holds (the config's gate: section; skipped peers are fine)
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     history_command.add_arguments(sub)
     regress.add_arguments(sub)
     baseline_command.add_arguments(sub)
+    calibrate.add_arguments(sub)
     return p
 
 
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.compare(args, console)
         if args.command == "regress":
             return regress.main(args, console)
+        if args.command == "calibrate":
+            return calibrate.calibrate(args, console)
     except commands.UserError as exc:
         # the message is printed as text: a name or value in it may look like rich markup ("[/]")
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)

@@ -230,3 +230,17 @@ def test_compare_env_and_set_for_one_side_reach_that_side_only(tmp_path, capsys)
     assert "--env-a 'NO_EQUALS_SIGN': expected NAME=VALUE" in capsys.readouterr().err
     assert main(["compare", str(side_a), config, *common, "--set-a", "seed=3"]) == 2
     assert "side A is a run folder, not a config" in capsys.readouterr().err
+
+
+def test_calibrate_counts_each_candidates_latency_verdicts_over_seeded_runs(capsys):
+    """``microscope calibrate``: N runs, one row per candidate, its verdict counts summing to N per case."""
+    assert main(["calibrate", "ablations/planted_work.yaml", "--runs", "2", "--device", "cpu", "--quick",
+                 "--set", "dimensions.throughput.rounds=6", "dimensions.throughput.reps=2"]) == 0
+    out = capsys.readouterr().out
+    assert "ablations/planted_work.yaml: 2 runs on cpu" in out and "rounds 6 x reps 2" in out
+    rows = {line.split()[0]: line.replace("│", " ").split() for line in out.splitlines()
+            if line.strip().startswith("plus_")}
+    assert set(rows) == {f"plus_{p}pct" for p in (0, 1, 2, 3, 5, 10)}
+    assert all(sum(int(n) for n in row[1:5]) == 2 for row in rows.values())
+    assert main(["calibrate", "ablations/planted_work.yaml", "--runs", "0"]) == 2
+    assert "--runs 0: between 1 and 1000" in capsys.readouterr().err

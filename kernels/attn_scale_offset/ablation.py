@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 
-from microscope.api import Ablation, Arm, Role, register
-from microscope.workloads import EagerAttention, Transformer
+from microscope.api import Ablation, Arm, EagerAttention, Role, Transformer, register
 
 #: Added to sqrt(head_dim) in the denominator of the attention scores.
 OFFSET = 0.07

@@ -40,7 +40,7 @@ def _triton_supports(case: Case, device: str) -> str | None:
     return None
 
 
-def use_flash_attention(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+def use_flash_attention(model) -> None:  # noqa: ANN001 - a microscope.api.Transformer
     """Model level: every block of the embedded model calls the Triton kernel as its ``attn_fn``.
 
     ``flash_attention(q, k, v, causal)`` already has the workload's attention contract (q, k, v as

@@ -13,8 +13,20 @@ import torch
 from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
-from microscope.workloads import NormGelu
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    NormGelu,
+    Role,
+    Tolerance,
+    baseline,
+    candidate,
+    grid,
+    peer,
+    randn,
+    register,
+)
 
 EPS = 1e-5
 
@@ -70,7 +82,7 @@ class FusedNormGelu(torch.nn.Module):
         return layernorm_gelu(h, self.weight, self.bias, self.eps, self.approximate)
 
 
-def use_fused_norm_gelu(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+def use_fused_norm_gelu(model) -> None:  # noqa: ANN001 - a microscope.api.Transformer
     """Model level: every block's LayerNorm -> GELU pair (``block.mlp.act``) runs as one Triton kernel."""
     pairs = [block.mlp for block in model.blocks if isinstance(block.mlp.act, NormGelu)]
     if not pairs:

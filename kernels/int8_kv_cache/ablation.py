@@ -54,7 +54,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torc
     return sdpa_decode_attention(q, k, v)
 
 
-def use_int8_cache(model) -> None:  # noqa: ANN001 - a microscope.workloads.Transformer
+def use_int8_cache(model) -> None:  # noqa: ANN001 - a microscope.api.Transformer
     """Model level: generation stores K/V as int8 and decodes with the fused Triton kernel."""
     model.cache_cls = ModelInt8Cache
 

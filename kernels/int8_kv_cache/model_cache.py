@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from microscope_kernels.int8_kv_cache.kernel import dequantize_kv, int8_decode_attention, quantize_kv
 
-from microscope.workloads import KVCache
+from microscope.api import KVCache
 
 __all__ = ["Int8KVCache", "UnfusedInt8KVCache"]
 

@@ -2,7 +2,7 @@
 
 Not an optimization: a calibration target for the statistics. The A/A candidate (``plus_0pct``) must
 almost never be called faster or slower, and a planted slowdown must be found as often as the
-verdict rule promises. ``microscope/bench/planted.py`` runs this study through ``microscope run``.
+verdict rule promises. ``microscope calibrate ablations/planted_work.yaml --runs 20`` counts them.
 
 Two environment switches plant a regression in every candidate (never the baseline, so the latency
 relative to the baseline shows it too) for the nightly gate (``microscope regress``; read when the
