@@ -199,6 +199,11 @@ class Variant:
     tensors. ``needs`` lists what the variant requires (``"cuda"``, ``"triton"``); where a need is not
     met the trial is recorded as skipped with the reason. ``supports`` may refuse individual cases
     (return a reason string) such as a backend that only handles some head dims.
+
+    ``params`` names keyword arguments of ``fn`` with their defaults (plain values: numbers, text,
+    true/false) that a config may sweep (``sweep: {triton: {warps: [4, 8]}}``): the run then times, beside
+    ``triton`` itself, one variant per value, ``triton[warps=4]`` and ``triton[warps=8]``, in the same
+    interleaved rounds.
     """
 
     fn: Callable[..., Any]
@@ -207,6 +212,7 @@ class Variant:
     needs: tuple[str, ...] = ()
     supports: Callable[[Case, str], str | None] | None = None
     differentiable: bool = True
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 def baseline(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="apply the config's quick: overlay (fewer cases/rounds)")
     run.add_argument("--profile", default=None, metavar="NAME",
                      help="merge the config's profiles: NAME entry after the device's (e.g. bench: the anchor "
-                          "shapes and timing of a GPU benchmark)")
+                          "shapes and timing of a GPU benchmark); several as NAME,NAME in order")
     run.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results/)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",

@@ -184,6 +184,8 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = 600.0  # per trial group (a case, or a seed of a model run) in a worker process
     variants: tuple[str, ...] = ()  # subset to run; empty = all (the baseline always runs)
+    # variant -> parameter -> values: one variant per combination (parameters the plugin declares)
+    sweep: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
     # axis -> values (a grid), or a tuple of such grids taken together; read it through case_grids()
     cases: Mapping[str, tuple[Any, ...]] | tuple[Mapping[str, tuple[Any, ...]], ...] = field(default_factory=dict)
     dimensions: DimensionsConfig = field(default_factory=DimensionsConfig)
@@ -771,6 +773,8 @@ def _build(
             checked = _build(tp, value, dotted, file, lines, problems, cli)
         elif key == "cases":
             checked = _check_cases(value, dotted, where, problems)
+        elif key == "sweep" and cls is RunConfig:
+            checked = _check_sweep(value, dotted, where, problems)
         elif cls is WorkloadConfig and key in ("model", "recipe", "corpus"):
             checked = _check_overrides(value, _workload_schemas()[key], dotted, where, problems)
         else:
@@ -862,6 +866,16 @@ def _check_cases(value: Any, dotted: str, where: _Where, problems: list[str]) ->
             problems.append(where.problem(dotted, "empty list; give at least one grid such as '- {seq: [128]}'"))
         return tuple(_check_grid(item, f"{dotted}[{i}]", where, problems) for i, item in enumerate(value))
     return _check_grid(value, dotted, where, problems)
+
+
+def _check_sweep(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, dict[str, tuple]]:
+    """``sweep:`` is variant -> parameter -> values, each values list checked like a case axis."""
+    if not isinstance(value, Mapping) or any(not isinstance(v, Mapping) for v in value.values()):
+        problems.append(where.problem(dotted, "expected variant -> parameter -> values, e.g. "
+                                              "'sweep: {triton: {warps: [4, 8]}}'"))
+        return {}
+    return {str(variant): _check_grid(params, f"{dotted}.{variant}", where, problems)
+            for variant, params in value.items()}
 
 
 def _check_grid(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -964,7 +978,7 @@ def load(
 
     ``device`` picks the ``profiles:`` entry (``cpu`` or ``cuda``); ``None`` leaves profiles unapplied.
     ``overrides`` are dotted keys from the command line (``seed``, ``workload.steps``), applied last;
-    the key ``profile`` (``--profile bench``) names a further ``profiles:`` entry to merge.
+    the key ``profile`` (``--profile bench`` or ``bench,launch``) names further ``profiles:`` entries to merge.
     """
     return loads(read_config_text(path), str(path), device=device, quick=quick, overrides=overrides)
 
@@ -1016,13 +1030,14 @@ def loads(
             _deep_merge(probe, profiles[name], probe_lines, f"profiles.{name}", "")
             _apply_overrides(probe, probe_lines, overrides)
             _build(RunConfig, probe, "", file, probe_lines, problems, cli)
-    if named is not None:
-        choices = [n for n in profiles if isinstance(n, str) and n not in DEVICE_PROFILES]
-        if named in DEVICE_PROFILES:
-            problems.append(f"--profile {_show(named)}: the {named} profile follows the device (--device {named})")
-        elif named not in choices:
-            problems.append(f"--profile {_show(named)}: {file} has no such profile"
-                            + (f"{_suggest(named, choices)} (its profiles: {', '.join(choices)})" if choices
+    chosen = [n.strip() for n in str(named).split(",")] if named is not None else []
+    choices = [n for n in profiles if isinstance(n, str) and n not in DEVICE_PROFILES]
+    for name in chosen:
+        if name in DEVICE_PROFILES:
+            problems.append(f"--profile {_show(name)}: the {name} profile follows the device (--device {name})")
+        elif name not in choices:
+            problems.append(f"--profile {_show(name)}: {file} has no such profile"
+                            + (f"{_suggest(name, choices)} (its profiles: {', '.join(choices)})" if choices
                                else "; add one under 'profiles:' (e.g. 'bench: {cases: ...}')"))
     if quick_overlay is None:
         quick_overlay = {}
@@ -1031,8 +1046,9 @@ def loads(
         quick_overlay = {}
     if device in profiles:
         _deep_merge(data, profiles[device], lines, f"profiles.{device}", "")
-    if named in profiles and named not in DEVICE_PROFILES:
-        _deep_merge(data, profiles[named], lines, f"profiles.{named}", "")
+    for name in chosen:  # in the order given: --profile bench,launch
+        if name in choices:
+            _deep_merge(data, profiles[name], lines, f"profiles.{name}", "")
     if quick:
         _deep_merge(data, quick_overlay, lines, "quick", "")
     _apply_overrides(data, lines, overrides)
@@ -1040,6 +1056,42 @@ def loads(
     if problems or config is None:
         raise ConfigError(list(dict.fromkeys(problems)))
     return dataclasses.replace(config, path=file, lines=dict(lines), overridden=cli)
+
+
+MAX_SWEPT_VARIANTS = 64
+
+
+def _check_sweep_against(config: RunConfig, plugin: Ablation, problems: list[str]) -> None:
+    """Each swept variant exists, is not the baseline, and declares each parameter; values match the
+    type of the declared default."""
+    total = 0
+    for name, params in config.sweep.items():
+        at = f"sweep.{name}"
+        variant = plugin.variants.get(name)
+        if variant is None:
+            close = difflib.get_close_matches(name, list(plugin.variants), n=1) if len(name) <= 100 else []
+            hint = f"did you mean {close[0]!r}?" if close else f"the plugin has {', '.join(plugin.variants)}"
+            problems.append(config.problem(at, f"no variant {_show(name)}; {hint}"))
+            continue
+        if variant.role.value == "baseline":
+            problems.append(config.problem(at, "the baseline is not swept: every variant is compared with it"))
+            continue
+        declared = dict(variant.params)
+        for param, values in params.items():
+            if param not in declared:
+                hint = (f"it declares {', '.join(declared)}" if declared else
+                        "it declares none (Variant.params lists what a config may sweep)")
+                problems.append(config.problem(f"{at}.{param}", f"variant {name!r} has no parameter "
+                                                                f"{_show(param)}; {hint}"))
+                continue
+            kind = type(declared[param])
+            for value in values:
+                if type(value) is not kind and not (kind is float and type(value) is int):
+                    problems.append(config.problem(f"{at}.{param}", f"{_show(value)} is a {type(value).__name__}, "
+                                                                    f"expected {kind.__name__}"))
+        total += math.prod(len(v) for v in params.values())
+    if total > MAX_SWEPT_VARIANTS:
+        problems.append(config.problem("sweep", f"asks for {total} swept variants; at most {MAX_SWEPT_VARIANTS}"))
 
 
 def effective_level(config: RunConfig, plugin: Ablation) -> str:
@@ -1084,6 +1136,9 @@ def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
         for at, grid_ in case_grids(config):
             for axis in grid_:
                 problems.append(config.problem(f"{at}.{axis}", _model_case_problem(axis)))
+        for name in config.sweep:
+            problems.append(config.problem(f"sweep.{name}", "model-level runs compare arms; a sweep is for "
+                                                            "operator variants (write one arm per setting)"))
         if problems:
             raise ConfigError(problems)
         return
@@ -1093,6 +1148,7 @@ def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
             close = difflib.get_close_matches(name, names, n=1) if len(name) <= 100 else []
             hint = f"did you mean {close[0]!r}?" if close else f"the plugin has {', '.join(names)}"
             problems.append(config.problem(f"variants[{i}]", f"no variant {_show(name)}; {hint}"))
+    _check_sweep_against(config, plugin, problems)
     axes: dict[str, list[Any]] = {}
     for case in plugin.cases:
         for axis, value in case.items:

@@ -9,6 +9,7 @@ other trial goes on, and that each record reaches disk the moment it exists.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -77,9 +78,26 @@ def plan_cases(plugin: Ablation, config: RunConfig) -> list[Case]:
 
 
 def plan_variants(plugin: Ablation, config: RunConfig) -> list[tuple[str, Variant]]:
-    """Variants to run, baseline first; a config's ``variants:`` subset always keeps the baseline."""
+    """Variants to run, baseline first; a config's ``variants:`` subset always keeps the baseline; a
+    swept variant is followed by one variant per parameter combination, ``triton[warps=4,stages=2]``."""
     chosen = set(config.variants)
-    return [(n, v) for n, v in plugin.iter_variants() if not chosen or n in chosen or v.role is Role.BASELINE]
+    out: list[tuple[str, Variant]] = []
+    for name, variant in plugin.iter_variants():
+        if chosen and name not in chosen and variant.role is not Role.BASELINE:
+            continue
+        out.append((name, variant))
+        params = config.sweep.get(name)
+        for combo in itertools.product(*params.values()) if params else ():
+            bound = dict(zip(params, combo))
+            label = ",".join(f"{k}={_param_text(v)}" for k, v in bound.items())
+            out.append((f"{name}[{label}]", dataclasses.replace(
+                variant, fn=functools.partial(variant.fn, **bound),
+                description=f"{variant.description} ({label})".strip())))
+    return out
+
+
+def _param_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def skip_reason(variant: Variant, case: Case, device: str) -> str | None:

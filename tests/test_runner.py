@@ -176,3 +176,64 @@ def test_a_record_cut_by_a_kill_is_skipped_and_the_rest_survive(toy_run, tmp_pat
     cut.write_text('{"broken\n' + text)
     with pytest.raises(ValueError, match="records.jsonl:1: not a JSON record"):
         list(read_records(cut))
+
+
+SWEPT_PLUGIN = '''
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+def scaled(x, factor: float = 1.0, square: bool = False):
+    y = x * factor
+    return y * y if square else y
+
+
+@register("sweep_probe")
+class SweepProbe(Ablation):
+    """x, and x scaled by a swept factor: only factor 1 without squaring is right."""
+
+    variants = {"plain": baseline(lambda x: x.clone()),
+                "scaled": candidate(scaled, params={"factor": 1.0, "square": False})}
+    cases = grid(n=[33], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-6)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+'''
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "sweep_plugin.py").write_text(SWEPT_PLUGIN)
+    return folder
+
+
+def test_a_swept_parameter_adds_one_variant_per_value_beside_the_declared_one(sweep_dir, tmp_path):
+    text = ("plugin: sweep_probe\nplugins: [sweep_plugin.py]\nsweep: {scaled: {factor: [1, 2.0], square: [false]}}\n"
+            "dimensions:\n  throughput: {warmup: 1, rounds: 2, reps: 1}\n  memory: {enabled: false}\n")
+    cfg = cfgmod.loads(text, str(sweep_dir / "sweep.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=sweep_dir)
+    cfgmod.check_against_plugin(cfg, plugin)
+    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="sweep").run()
+    passed = {r.variant: r.passed for r in result.records if r.metric == "out.rel_err"}
+    assert passed == {"plain": True, "scaled": True, "scaled[factor=1,square=false]": True,
+                      "scaled[factor=2.0,square=false]": False}
+    timed = {r.variant for r in result.records if r.metric == "latency_ms" and r.status == "ok"}
+    assert timed == set(passed)
+
+
+def test_sweeps_name_what_is_wrong(sweep_dir):
+    plugin = registry.get("sweep_probe", ["sweep_plugin.py"], base_dir=sweep_dir)
+
+    def problems(sweep: str) -> str:
+        cfg = cfgmod.loads(f"plugin: sweep_probe\nsweep: {sweep}\n", "ablations/s.yaml")
+        with pytest.raises(cfgmod.ConfigError) as err:
+            cfgmod.check_against_plugin(cfg, plugin)
+        return str(err.value)
+
+    assert "sweep.scaled.factr: variant 'scaled' has no parameter 'factr'; it declares factor, square" in problems(
+        "{scaled: {factr: [2.0]}}")
+    assert "sweep.plain: the baseline is not swept" in problems("{plain: {factor: [2.0]}}")
+    assert "sweep.scaled.square: 'yes' is a str, expected bool" in problems("{scaled: {square: ['yes']}}")
+    assert "sweep.scaeld: no variant 'scaeld'; did you mean 'scaled'?" in problems("{scaeld: {factor: [2.0]}}")

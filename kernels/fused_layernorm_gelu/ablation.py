@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 
 import torch
-from microscope_kernels.fused_layernorm_gelu.kernel import layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.kernel import ForwardPlan, layernorm_gelu
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 
 from microscope.api import (
@@ -36,9 +36,19 @@ def eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate
     return layernorm_gelu_eager(x, weight, bias, EPS, approximate)
 
 
-def triton_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
-    """One Triton pass: read x, write gelu(layer_norm(x)); backward recomputes from 2 floats per row."""
-    return layernorm_gelu(x, weight, bias, EPS, approximate)
+#: The forward's launch-plan fields a config may sweep (``--profile launch``); warps 0 = the tuned plan.
+LAUNCH_PARAMS = {"warps": 0, "persistent": False, "prefetch": 0, "stages": 1, "stream_hints": False}
+
+
+def triton_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str, warps: int = 0,
+                 persistent: bool = False, prefetch: int = 0, stages: int = 1,
+                 stream_hints: bool = False) -> torch.Tensor:
+    """One Triton pass: read x, write gelu(layer_norm(x)); backward recomputes from 2 floats per row.
+
+    ``warps`` > 0 forces the launch plan ``ForwardPlan(warps, persistent, prefetch, stages, stream_hints)``
+    instead of the one the kernel tunes per shape class."""
+    plan = ForwardPlan(warps, persistent, prefetch, stages, stream_hints) if warps else None
+    return layernorm_gelu(x, weight, bias, EPS, approximate, plan=plan)
 
 
 #: Dynamo settings for the peer's calls (those this torch version has).
@@ -102,7 +112,7 @@ class FusedLayerNormGelu(Ablation):
 
     variants = {
         "eager": baseline(eager),
-        "triton": candidate(triton_fused, needs=("triton",)),
+        "triton": candidate(triton_fused, needs=("triton",), params=LAUNCH_PARAMS),
         "compile": peer(compiled, supports=_compile_needs_cuda),
     }
     #: Model level (needs ``workload.model: {mlp: gelu, mlp_norm: true}``): the MLP's eager pair vs the kernel.

@@ -510,8 +510,8 @@ class _LayerNormGelu(torch.autograd.Function):
     """Autograd glue: saves ``x`` and two fp32 statistics per row, nothing of the size of ``y``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, approximate):  # type: ignore[override]
-        y, mean, rstd = layernorm_gelu_forward(x, weight, bias, eps, approximate, store_stats=True)
+    def forward(ctx, x, weight, bias, eps, approximate, plan=None):  # type: ignore[override]
+        y, mean, rstd = layernorm_gelu_forward(x, weight, bias, eps, approximate, store_stats=True, plan=plan)
         ctx.save_for_backward(x, weight, bias, mean, rstd)
         ctx.approximate = approximate
         return y
@@ -520,18 +520,20 @@ class _LayerNormGelu(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[override]
         x, weight, bias, mean, rstd = ctx.saved_tensors
         dx, dw, db = layernorm_gelu_backward(dy, x, weight, bias, mean, rstd, ctx.approximate)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def layernorm_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, approximate: str = "tanh"
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, approximate: str = "tanh",
+    plan: ForwardPlan | None = None,
 ) -> torch.Tensor:
     """``gelu(layer_norm(x, weight, bias, eps), approximate)`` over the last dim, fused in Triton.
 
     Inference calls (no grad needed) skip saving the statistics; training calls go through autograd.
+    ``plan`` forces the forward's launch plan (a launch study), else the tuned one is used.
     """
     _check(x, weight, bias, approximate)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
     if needs_grad:
-        return _LayerNormGelu.apply(x, weight, bias, eps, approximate)
-    return layernorm_gelu_forward(x, weight, bias, eps, approximate, store_stats=False)[0]
+        return _LayerNormGelu.apply(x, weight, bias, eps, approximate, plan)
+    return layernorm_gelu_forward(x, weight, bias, eps, approximate, store_stats=False, plan=plan)[0]

@@ -131,6 +131,23 @@ def test_every_forward_plan_matches_float64(plan, dtype, seed):
     check_forward(x, w, b, y, mean, rstd, f"{plan}, seed {seed}")
 
 
+def test_the_plugins_swept_launch_plan_is_forced_in_the_forward_and_under_autograd(seed):
+    """``sweep: {triton: {warps: ...}}`` calls the plugin's variant with a plan's fields: the forced plan
+    must compute the same output, and its gradients must flow (the accuracy dimension checks both)."""
+    from microscope_kernels.fused_layernorm_gelu.ablation import triton_fused
+
+    assert set(FusedLayerNormGelu.variants["triton"].params) == {"warps", "persistent", "prefetch", "stages",
+                                                                 "stream_hints"}
+    x, w, b, dy = make_inputs((67, 300), seed)
+    forced = triton_fused(x, w, b, "tanh", warps=8, persistent=True, stages=3)
+    assert torch.allclose(forced, layernorm_gelu_eager(x, w, b, 1e-5, "tanh"), rtol=1e-4, atol=1e-5)
+    leaf = x.clone().requires_grad_(True)
+    triton_fused(leaf, w, b, "tanh", warps=4, persistent=False).backward(dy)
+    ref = x.clone().requires_grad_(True)
+    layernorm_gelu_eager(ref, w, b, 1e-5, "tanh").backward(dy)
+    assert torch.allclose(leaf.grad, ref.grad, rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma stores"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_tma_study_variant_matches_float64(dtype, tma_store, seed):
