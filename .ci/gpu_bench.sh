@@ -5,7 +5,8 @@
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache, each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
-# whose bench table is the room's figures), runs.tgz (records, comparison, groups), summary.txt (last).
+# whose bench table is the room's figures), runs.tgz (records, comparison, groups, worker logs with the
+# start of each phase of each case), summary.txt (last).
 set -u
 OUT=${OUT:-/tmp/microscope-gpu-bench}
 WORK=$OUT/work
@@ -42,7 +43,8 @@ for room in flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache; do
     --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
-find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
+find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |
+  tar czf "$OUT/runs.tgz" -T -
 tar czf "$OUT/consoles.tgz" ./*.txt
 for f in ./*.txt; do echo "== $f"; grep -v "^ *$" "$f" | head -40; done
 cd "$OUT" && rm -rf "$WORK"

@@ -164,6 +164,8 @@ class RunBase:
         self.out_dir = Path(out_root) / self.run_id
         self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
         self.on_progress = on_progress or (lambda _msg: None)
+        #: detail for a worker's log only (never a progress step): where a slow case spends its time
+        self.log: Callable[[str], None] = lambda _msg: None
         self.records: list[Record] = []
         #: where ``_write`` sends each record: the executor's per-group buffer
         self.sink: Callable[[Record], None] = self.records.append
@@ -459,6 +461,7 @@ class Runner(RunBase):
             buffers[name] = fresh_inputs(inputs, grad_names if variant.differentiable else ())
             thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
         rotation = self._rotation(case, seed, inputs, buffers, cfg)
+        self.log(f"{case.id}: throughput rounds ({len(thunks)} variants, {rotation.n_sets} input sets)")
         results = throughput.interleaved(thunks, cfg, self.device, rotation=rotation,
                                          gpu_state=self._gpu.sample if self._gpu is not None else None,
                                          on_variant=None if getattr(self.mark, "noop", False) else self.mark)

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,7 +100,18 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
 
     runner.mark = mark
     runner.sink = sink
-    runner.on_progress = lambda message: conn.send(("progress", message))
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        # the worker's log keeps each phase's start, so a slow group shows where its time went
+        print(f"[{time.monotonic() - started:8.1f} s] {message}", file=sys.stderr, flush=True)
+
+    def progress(message: str) -> None:
+        log(message)
+        conn.send(("progress", message))
+
+    runner.on_progress = progress
+    runner.log = log
     free_at_start = _gpu_free(spec.device)
     level: list[int] = []  # GPU memory allocated after the first group
     while True:
@@ -112,6 +124,7 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
         marker.value = b""
         runner.run_group(group, exclude)
         marker.value = b""
+        log("group done")
         replace, health = _health(spec.device, level)
         conn.send(("done", group.key, notes + health, replace))
         if replace:
