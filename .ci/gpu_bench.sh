@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every kernel room's bench profile through `microscope run`, in one device call (<= BUDGET_S, 440 s):
 #   bash .ci/gpu_bench.sh
+#   EXTRA="fused_layernorm_gelu:bench,launch safe_softmax:bench,bench_bwd" bash .ci/gpu_bench.sh
 # First the GPU timing-mode tests (CUDA-graph replay, host time), then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache, each under its own time limit;
@@ -41,6 +42,12 @@ for room in flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache; do
   [ "$room" = flash_attn ] && limit=180
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
     --out "$WORK/runs" --no-report --no-progress
+done
+# EXTRA="room:profiles ..." adds runs, e.g. EXTRA="flash_attn:bench,loads int8_kv_cache:bench,kernels"
+for extra in ${EXTRA:-}; do
+  room=${extra%%:*} profiles=${extra#*:}
+  step "$room-${profiles//,/-}" 120 python3 -m microscope.cli run "ablations/$room.yaml" --device cuda \
+    --profile "$profiles" --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |

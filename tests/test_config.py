@@ -99,7 +99,8 @@ def test_a_named_profile_applies_after_the_device_profile_and_is_checked_on_ever
     )
     bench = cfgmod.loads(text, "x.yaml", device="cuda", overrides={"profile": "bench"})
     assert bench.cases == {"rows": (4096,)} and bench.dimensions.throughput.rounds == 30
-    assert bench.dimensions.throughput.mode == "cuda_graph" and bench.where("dimensions.throughput.rounds") == "x.yaml:9"
+    assert bench.dimensions.throughput.mode == "cuda_graph"
+    assert bench.where("dimensions.throughput.rounds") == "x.yaml:9"
     quick = cfgmod.loads(text, "x.yaml", device="cuda", quick=True, overrides={"profile": "bench"})
     assert quick.dimensions.throughput.rounds == 2  # quick comes last
     assert cfgmod.loads(text, "x.yaml", device="cuda").dimensions.throughput.rounds == 20  # not asked for

@@ -56,7 +56,7 @@ class FlashAttention(Ablation):
     variants = {
         "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
         "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
-                            needs=("triton",), supports=_triton_supports),
+                            needs=("triton",), supports=_triton_supports, params={"loads": "auto"}),
         "sdpa_math": _peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
         "sdpa_flash": _peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
         "sdpa_cudnn": _peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),

@@ -585,11 +585,14 @@ def tuned_configs() -> dict[str, dict[tuple, str]]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _use_tma(device: torch.device, dtype: torch.dtype) -> bool:
-    """TMA descriptors for fp16/bf16 on Hopper and newer; ``MICROSCOPE_FLASH_TMA=0/1`` overrides (A/B, tests).
+def _use_tma(device: torch.device, dtype: torch.dtype, loads: str = "auto") -> bool:
+    """TMA descriptors for fp16/bf16 on Hopper and newer; ``loads="tma"``/``"pointers"``, else
+    ``MICROSCOPE_FLASH_TMA=1/0``, override (A/B studies, tests).
 
     fp32 keeps pointer loads: its exact dots run on CUDA cores, where TMA buys nothing.
     """
+    if loads in ("tma", "pointers"):
+        return loads == "tma"
     forced = os.environ.get(_TMA_ENV, "")
     if forced in ("0", "1"):
         return forced == "1"
@@ -630,20 +633,20 @@ def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> None:
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+             sm_scale: float, loads: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q)
     batch, heads, sq, _ = q.shape
     lse = torch.empty((batch * heads, sq), device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    common = _common(q, k, causal, _use_tma(q.device, q.dtype))
+    common = _common(q, k, causal, _use_tma(q.device, q.dtype, loads))
     grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **_unmasked(common, "Sk"))
     return o, lse
 
 
 def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, ...]:
+              lse: torch.Tensor, causal: bool, sm_scale: float, loads: str = "auto") -> tuple[torch.Tensor, ...]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
         return dq, dk.zero_(), dv.zero_()
@@ -653,7 +656,7 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     delta_block = 32 if interpreting() else 128
     _attn_bwd_delta[(triton.cdiv(sq, delta_block), batch * heads)](o, do, delta, sq, HEAD_DIM=head_dim,
                                                                     BLOCK_M=delta_block)
-    common = _common(q, k, causal, _use_tma(q.device, q.dtype))
+    common = _common(q, k, causal, _use_tma(q.device, q.dtype, loads))
     grid_kv = lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * heads)  # noqa: E731
     grid_q = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     _run(_DKDV, _INTERPRET_DKDV, grid_kv, q, k, v, do, dk, dv, lse, delta, sm_scale,
@@ -687,21 +690,21 @@ class FlashAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                sm_scale: float) -> torch.Tensor:
-        o, lse = _forward(q, k, v, causal, sm_scale)
+                sm_scale: float, loads: str = "auto") -> torch.Tensor:
+        o, lse = _forward(q, k, v, causal, sm_scale, loads)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.loads = causal, sm_scale, loads
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.loads)
+        return dq, dk, dv, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None, loads: str = "auto") -> torch.Tensor:
     """Softmax attention ``softmax(q k^T * sm_scale [+ causal mask]) v`` without materializing the scores.
 
     Args:
@@ -710,13 +713,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         causal: mask aligned bottom-right (query i sees keys j <= i + Sk - Sq); queries that see no key
             output zeros.
         sm_scale: score scale, default ``1 / sqrt(D)``; must be positive.
+        loads: "auto" (TMA for fp16/bf16 on sm_90+), or "tma" / "pointers" to force one load path.
 
     Returns:
         (B, H, Sq, D) in the input dtype; differentiable with respect to q, k and v.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     _check_inputs(q, k, v, scale)
-    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale)
+    if loads not in ("auto", "tma", "pointers"):
+        raise ValueError(f"loads={loads!r}: one of 'auto', 'tma', 'pointers'")
+    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads)
 
 
 def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = True,

@@ -38,10 +38,30 @@ def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> tor
     return eager_decode_attention(q, k, v)
 
 
+#: The int8 decode kernels a config may sweep (``kernel``): "dp4a" (the default) forms the scores as
+#: int8 dot products with q quantized to int8; "fma" multiplies in fp32 over the dequantized K;
+#: "portable" is "fma" without the PTX unpack; "dot" runs on tensor cores (head_dim >= 64).
+KERNELS = {"dp4a": {"ptx_dequant": True, "products": "fma", "int8_query": True},
+           "fma": {"ptx_dequant": True, "products": "fma", "int8_query": False},
+           "portable": {"ptx_dequant": False, "products": "fma", "int8_query": False},
+           "dot": {"ptx_dequant": True, "products": "dot", "int8_query": False}}
+#: What a config may sweep on ``triton_int8`` (0: the kernel's own choice, autotuned on a GPU).
+INT8_PARAMS = {"kernel": "auto", "split_len": 0, "block_t": 0, "stages": 0}
+
+
 def triton_int8(q: torch.Tensor, k_q: torch.Tensor, k_scale: torch.Tensor, v_q: torch.Tensor,
-                v_scale: torch.Tensor, granularity: str, **_: object) -> torch.Tensor:
-    """Split-K Triton decode reading the int8 cache and its scales, dequantizing in registers."""
-    return int8_decode_attention(q, k_q, k_scale, v_q, v_scale, granularity)
+                v_scale: torch.Tensor, granularity: str, kernel: str = "auto", split_len: int = 0, block_t: int = 0,
+                stages: int = 0, **_: object) -> torch.Tensor:
+    """Split-K Triton decode reading the int8 cache and its scales, dequantizing in registers.
+
+    ``kernel`` (a ``KERNELS`` name), ``split_len``, and ``block_t`` with ``stages`` force what the
+    kernel otherwise chooses or autotunes (a sweep over them is the kernel's launch study)."""
+    if kernel != "auto" and kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r}: one of auto, {', '.join(KERNELS)}")
+    forced = {"split_len": split_len or None, "block_t": block_t or None, "stages": stages or None,
+              **KERNELS.get(kernel, {})}
+    return int8_decode_attention(q, k_q, k_scale, v_q, v_scale, granularity,
+                                 **{k: v for k, v in forced.items() if v is not None})
 
 
 def triton_fp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torch.Tensor:
@@ -76,7 +96,7 @@ class Int8KVCache(Ablation):
 
     variants = {
         "eager": baseline(eager, differentiable=False),
-        "triton_int8": candidate(triton_int8, needs=("triton",), differentiable=False),
+        "triton_int8": candidate(triton_int8, needs=("triton",), differentiable=False, params=INT8_PARAMS),
         "triton_fp": candidate(triton_fp, needs=("triton",), differentiable=False),
         "sdpa": peer(sdpa, differentiable=False),
     }

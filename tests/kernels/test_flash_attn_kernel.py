@@ -155,3 +155,25 @@ def test_peers_report_why_they_cannot_run() -> None:
     assert reasons.pop("sdpa_math") is None
     assert all(isinstance(reason, str) for reason in reasons.values()), reasons
     assert "top-left" in PEERS["sdpa_cudnn"].supports(shape_q, shape_k, torch.bfloat16, "cuda", True)
+
+
+def test_a_forced_load_path_is_checked_and_reaches_forward_and_backward():
+    """``loads`` (swept by ``--profile bench,loads``): a bad value is refused; pointer loads give what
+    the automatic choice gives (on an sm_90 GPU in bf16 that is TMA, a different path), gradients too."""
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn((1, 2, 37, 64), generator=gen).to(DEVICE, dtype).requires_grad_(True) for _ in range(3))
+    with pytest.raises(ValueError, match="loads='tmaa'"):
+        flash_attention(q, k, v, loads="tmaa")
+    outs, grads = [], []
+    for loads in ("auto", "pointers"):
+        for t in (q, k, v):
+            t.grad = None
+        out = flash_attention(q, k, v, causal=True, loads=loads)
+        out.float().sum().backward()
+        outs.append(out.float())
+        grads.append([t.grad.float() for t in (q, k, v)])
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(outs[0], outs[1], **tol)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, **tol)

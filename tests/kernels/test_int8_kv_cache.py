@@ -361,3 +361,23 @@ def test_long_splits_tune_only_blocks_of_64_tokens_or_more():
         _INT8_SPLIT_CONFIGS, {"split_len": split_len})}
     assert blocks(_LONG_SPLIT - 1) == {32, 64, 128}
     assert blocks(_LONG_SPLIT) == blocks(4096) == {64, 128}
+
+
+def test_the_swept_parameters_force_what_the_kernel_would_choose_and_stay_within_budget():
+    """``sweep: {triton_int8: {...}}`` calls the variant with forced choices: each must still be right,
+    and an unknown kernel name is refused with the names it takes."""
+    from microscope_kernels.int8_kv_cache.ablation import triton_int8
+
+    plugin = Int8KVCache()
+    assert set(plugin.variants["triton_int8"].params) == {"kernel", "split_len", "block_t", "stages"}
+    case = next(c for c in plugin.cases if c["dtype"] == "fp32" and c["granularity"] == "token")
+    inputs = plugin.inputs(case, torch.Generator().manual_seed(5), DEVICE)
+    x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
+    truth = plugin.reference(x64)
+    forced = [{"kernel": "portable"}, {"split_len": 32}, {"split_len": 64, "kernel": "portable"}]
+    if DEVICE == "cuda":
+        forced += [{"kernel": "fma"}, {"block_t": 32, "stages": 3}]
+    for options in forced:
+        assert rel_err(triton_int8(**inputs, **options), truth) <= INT8_ERROR_BUDGET, options
+    with pytest.raises(ValueError, match="kernel 'dp5a': one of auto, dp4a, fma, portable, dot"):
+        triton_int8(**inputs, kernel="dp5a")
