@@ -5,11 +5,12 @@
 #   bash .ci/gpu_session.sh catalogue               # the catalogue plugins' operator configs through microscope
 #   bash .ci/gpu_session.sh tests                   # the GPU-marked tests, and the kernel tests on the GPU
 #   bash .ci/gpu_session.sh run:mixed_precision     # one model-level config on the gpu profile
-#   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench
+#   bash .ci/gpu_session.sh bench:int8_kv_cache     # one kernel room's bench profile through microscope run
 #   bash .ci/gpu_session.sh ncu                     # Nsight Compute on the int8 decode kernels
-#   bash .ci/gpu_session.sh host                    # host time per int8 decode call, both launch paths
-#   bash .ci/gpu_session.sh host:fused_layernorm_gelu  # host time per call of another room
+#   bash .ci/gpu_session.sh host                    # host time per int8 decode call (bench,host_time)
+#   bash .ci/gpu_session.sh host:fused_layernorm_gelu  # host time per call of another room's bench shapes
 #   bash .ci/gpu_session.sh study:stages            # a launch study of the fused LayerNorm+GeLU forward
+#                                                   # (profiles launch_plans|grid|registers|stages|tma)
 # Each step has its own time limit; records stream to results/ as measured, so a step cut short still
 # leaves what it measured. Logs and a tarball of results/ and reports/ go to $OUT (or /tmp/microscope-gpu).
 # Environment: MODEL_SET trims the model configs (e.g. "workload.seeds=2"), MODEL_LIMIT is each model
@@ -49,8 +50,8 @@ flash() {
   step flash-fwd 170 microscope run ablations/flash_attn.yaml --device cuda --no-progress \
     --set instrument.profile.enabled=true instrument.graph_diff=true instrument.tensorboard=true
 }
-bench() {  # bench ROOM
-  step "bench-$1" "${BENCH_LIMIT:-120}" python3 -m "microscope_kernels.$1.bench"
+bench() {  # bench ROOM: the room's bench profile, its table printed (rates, share of the ceiling)
+  step "bench-$1" "${BENCH_LIMIT:-120}" microscope run "ablations/$1.yaml" --device cuda --profile bench --no-progress
 }
 benches() {
   for room in fused_layernorm_gelu safe_softmax int8_kv_cache; do
@@ -100,8 +101,9 @@ ncu_int8() {  # one launch of each int8 split kernel at B64 H8 T32768, the secti
     --section SchedulerStats --section MemoryWorkloadAnalysis python3 .ci/ncu_int8.py
 }
 
-host_cost() {  # host us per decode call (GPU busy behind a sleep kernel), Triton dispatch vs direct launch
-  step host-cost "${HOST_LIMIT:-150}" python3 -m microscope_kernels.int8_kv_cache.host_cost
+host_cost() {  # host time per decode call (GPU busy behind 20 ms of queued work), direct launch then Triton's
+  step host-cost "${HOST_LIMIT:-150}" microscope compare ablations/int8_kv_cache.yaml ablations/int8_kv_cache.yaml \
+    --device cuda --profile bench,host_time --repeat 2 --env-b MICROSCOPE_DIRECT_LAUNCH=0
 }
 
 for part in "${parts[@]}"; do
@@ -109,9 +111,10 @@ for part in "${parts[@]}"; do
     flash | benches | planted | model | catalogue | tests) "$part" ;;
     ncu) ncu_int8 ;;
     host) host_cost ;;
-    host:*) step "host-cost-${part#host:}" "${HOST_LIMIT:-150}" python3 -m "microscope_kernels.${part#host:}.host_cost" ;;
-    study:*) step "ln-launch-study-${part#study:}" "${BENCH_LIMIT:-120}" \
-      python3 -m microscope_kernels.fused_layernorm_gelu.launch_study --study "${part#study:}" ;;
+    host:*) step "host-cost-${part#host:}" "${HOST_LIMIT:-150}" microscope run "ablations/${part#host:}.yaml" \
+      --device cuda --profile bench --set dimensions.throughput.mode=host --no-progress ;;
+    study:*) step "ln-launch-study-${part#study:}" "${BENCH_LIMIT:-120}" microscope run \
+      ablations/fused_layernorm_gelu.yaml --device cuda --profile "bench,launch,launch_${part#study:}" --no-progress ;;
     run:*) model_run "${part#run:}" ;;  # one model-level config, e.g. run:mixed_precision
     bench:*) bench "${part#bench:}" ;;  # one room's bench, e.g. bench:int8_kv_cache
     *) echo "unknown part $part (flash, benches, planted, model, catalogue, tests, ncu, host, host:ROOM, study:NAME, run:CONFIG, bench:ROOM)" |

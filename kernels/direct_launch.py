@@ -4,7 +4,7 @@ fused LayerNorm+GeLU).
 Why: one decode step's device time at B16 H32 T8192 is ~0.27 ms, and ``kernel[grid](...)`` spends
 tens of microseconds of Python per launch before the kernel is queued: binding the arguments,
 specializing each one, building the cache key, reading knobs, the autotuner's own key and pre-hook.
-An int8 decode call launches two kernels with 15 and 7 arguments; ``host_cost.py`` measured the
+An int8 decode call launches two kernels with 15 and 7 arguments; the room's former host_cost.py measured the
 whole call at 257 us of host time (median; rounds 197-341 us) on the H200 machine, about the
 kernel's own time, so plain-launch decode could wait for Python. Through this launcher: 203 us
 (173-219 us). The rest is spread over the wrapper's own Python (the README's "Host time per call").
@@ -21,6 +21,7 @@ proton) or the CPU interpreter sends every call down the normal path.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
@@ -31,8 +32,9 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-#: Off: every call takes Triton's normal path (``host_cost.py`` compares the two).
-ENABLED = True
+#: Off (``MICROSCOPE_DIRECT_LAUNCH=0``): every call takes Triton's normal path; ``.ci/gpu_session.sh host``
+#: compares the two (``compare --env-b MICROSCOPE_DIRECT_LAUNCH=0`` with host timing).
+ENABLED = os.environ.get("MICROSCOPE_DIRECT_LAUNCH", "1").strip() != "0"
 _I32 = range(-(2**31), 2**31)
 
 

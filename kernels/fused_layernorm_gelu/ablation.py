@@ -10,7 +10,9 @@ import functools
 from collections.abc import Callable
 
 import torch
+from microscope_kernels.fused_layernorm_gelu import launches
 from microscope_kernels.fused_layernorm_gelu.kernel import ForwardPlan, layernorm_gelu
+from microscope_kernels.fused_layernorm_gelu.launches import Launch
 from microscope_kernels.fused_layernorm_gelu.reference import layernorm_gelu_eager
 
 from microscope.api import (
@@ -36,17 +38,26 @@ def eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate
     return layernorm_gelu_eager(x, weight, bias, EPS, approximate)
 
 
-#: The forward's launch-plan fields a config may sweep (``--profile launch``); warps 0 = the tuned plan.
-LAUNCH_PARAMS = {"warps": 0, "persistent": False, "prefetch": 0, "stages": 1, "stream_hints": False}
+#: The forward's launch fields a config may sweep (``launch_*`` profiles); warps 0 = the tuned plan.
+LAUNCH_PARAMS = {"warps": 0, "persistent": False, "prefetch": 0, "stages": 1, "stream_hints": False,
+                 "block_m": 1, "maxnreg": 0, "balanced": False, "tma": False, "tma_store": False}
 
 
 def triton_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str, warps: int = 0,
-                 persistent: bool = False, prefetch: int = 0, stages: int = 1,
-                 stream_hints: bool = False) -> torch.Tensor:
+                 persistent: bool = False, prefetch: int = 0, stages: int = 1, stream_hints: bool = False,
+                 block_m: int = 1, maxnreg: int = 0, balanced: bool = False, tma: bool = False,
+                 tma_store: bool = False) -> torch.Tensor:
     """One Triton pass: read x, write gelu(layer_norm(x)); backward recomputes from 2 floats per row.
 
     ``warps`` > 0 forces the launch plan ``ForwardPlan(warps, persistent, prefetch, stages, stream_hints)``
-    instead of the one the kernel tunes per shape class."""
+    instead of the one the kernel tunes per shape class; ``block_m``, ``maxnreg``, ``balanced`` and
+    ``tma`` force a persistent launch that only a study uses (``launches.py``, inference calls only)."""
+    if block_m != 1 or maxnreg or balanced or tma:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias)):
+            raise ValueError("block_m, maxnreg, balanced and tma are forward-only launch studies: time them "
+                             "without a backward (throughput.backward: false, accuracy.backward: false)")
+        launch = Launch(block_m, warps or 4, prefetch, maxnreg, balanced, stream_hints, stages, tma, tma_store)
+        return launches.forward(x.reshape(-1, x.shape[-1]), weight, bias, EPS, approximate, launch).view_as(x)
     plan = ForwardPlan(warps, persistent, prefetch, stages, stream_hints) if warps else None
     return layernorm_gelu(x, weight, bias, EPS, approximate, plan=plan)
 

@@ -312,8 +312,9 @@ class ForwardPlan:
     ``persistent=True`` is one wave of programs walking tiles, overlapping by a register ``prefetch``
     of the next tile (or the next two) or by the compiler's shared-memory pipeline of ``stages``
     tiles. ``stream_hints`` marks the loads ``evict_first`` and the stores ``.cs`` (streaming).
-    Prefetching two tiles and the hints lost on the H200 (``launch_study.py``, README) and are
-    not among the tuned plans; they stay launchable so that study can be re-run.
+    Prefetching two tiles and the hints lost on the H200 (the launch studies, README) and are
+    not among the tuned plans; they stay launchable so the study can be re-run
+    (``--profile bench,launch,launch_registers``).
     """
 
     warps: int

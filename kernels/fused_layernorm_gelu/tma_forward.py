@@ -1,5 +1,5 @@
 """The fused forward with its rows read through TMA (Hopper's tensor memory accelerator): a study
-variant, timed by ``launch_study --study tma`` beside the shipped kernel.
+variant, timed by the ``launch_tma`` profile (``launches.py``) beside the shipped kernel.
 
 Why try it: the shipped forward reads each row with ordinary vector loads into registers, so the
 bytes a program keeps in flight are bounded by its registers (the prefetched row). A TMA read is

@@ -39,7 +39,7 @@ from microscope.config import ThroughputConfig
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H100/H200: 50 MB)
 #: GPU clock cycles of queued work ahead of each timed call (~1 ms at the H200's 1.98 GHz): the
 #: host's launch work must fit under it, or the excess is timed as GPU time. 0.1 ms was too little
-#: for the int8 KV-cache decode wrapper: its host_cost.py measured 0.20-0.26 ms of Python and launch
+#: for the int8 KV-cache decode wrapper: its former host_cost.py measured 0.20-0.26 ms of Python and launch
 #: work per call on the H200 machine (two launches, four TMA descriptors), and its bench once timed
 #: the 0.27 ms kernel at 0.37 ms with plain back-to-back launches.
 LAUNCH_COVER_CYCLES = 2_000_000

@@ -124,7 +124,7 @@ def test_constant_rows_give_gelu_of_bias(seed):
 def test_every_forward_plan_matches_float64(plan, dtype, seed):
     """The GPU picks among these plans by timing: each must compute the same thing (here on more
     row tiles than programs, with a ragged last tile and a row length that is not a power of two).
-    The last plan is not tuned over, only timed by ``launch_study.py``; it must be right as well."""
+    The last plan is not tuned over, only timed by the launch studies; it must be right as well."""
     x, w, b, _ = make_inputs((67, 300), seed)
     x, w, b = (t.to(dtype) for t in (x, w, b))
     y, mean, rstd = layernorm_gelu_forward(x, w, b, 1e-5, "tanh", store_stats=True, plan=plan)
@@ -136,11 +136,17 @@ def test_the_plugins_swept_launch_plan_is_forced_in_the_forward_and_under_autogr
     must compute the same output, and its gradients must flow (the accuracy dimension checks both)."""
     from microscope_kernels.fused_layernorm_gelu.ablation import triton_fused
 
-    assert set(FusedLayerNormGelu.variants["triton"].params) == {"warps", "persistent", "prefetch", "stages",
-                                                                 "stream_hints"}
+    assert set(FusedLayerNormGelu.variants["triton"].params) == {
+        "warps", "persistent", "prefetch", "stages", "stream_hints", "block_m", "maxnreg", "balanced", "tma",
+        "tma_store"}
     x, w, b, dy = make_inputs((67, 300), seed)
-    forced = triton_fused(x, w, b, "tanh", warps=8, persistent=True, stages=3)
-    assert torch.allclose(forced, layernorm_gelu_eager(x, w, b, 1e-5, "tanh"), rtol=1e-4, atol=1e-5)
+    expected = layernorm_gelu_eager(x, w, b, 1e-5, "tanh")
+    for launch in ({"warps": 8, "persistent": True, "stages": 3}, {"block_m": 2, "warps": 4, "balanced": True},
+                   {"warps": 4, "prefetch": 2, "maxnreg": 128}, {"block_m": 2, "warps": 8, "prefetch": 0, "stages": 3}):
+        forced = triton_fused(x, w, b, "tanh", **launch)
+        assert torch.allclose(forced, expected, rtol=1e-4, atol=1e-5), launch
+    with pytest.raises(ValueError, match="forward-only launch studies"):
+        triton_fused(x.clone().requires_grad_(True), w, b, "tanh", block_m=2)
     leaf = x.clone().requires_grad_(True)
     triton_fused(leaf, w, b, "tanh", warps=4, persistent=False).backward(dy)
     ref = x.clone().requires_grad_(True)
@@ -151,7 +157,7 @@ def test_the_plugins_swept_launch_plan_is_forced_in_the_forward_and_under_autogr
 @pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma stores"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_tma_study_variant_matches_float64(dtype, tma_store, seed):
-    """The TMA forward that ``launch_study --study tma`` times must compute what the shipped one
+    """The TMA forward that the ``launch_tma`` profile times must compute what the shipped one
     does: output and statistics, on more rows than programs (the persistent walk wraps)."""
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need sm_90+")
