@@ -28,12 +28,12 @@ class UserError(Exception):
     """Bad input from the user (config, plugin, device); printed without a traceback."""
 
 
-def _requested_device(path: Path, cli_device: str | None) -> str:
+def _requested_device(path: Path, cli_device: str | None, text: str | None = None) -> str:
     """``--device``, else the config's own ``device:``, else ``auto`` (read with the config's bounded reader)."""
     if cli_device:
         return cli_device
     try:
-        raw, _ = cfgmod.read_yaml(cfgmod.read_config_text(path), str(path))
+        raw, _ = cfgmod.read_yaml(cfgmod.read_config_text(path) if text is None else text, str(path))
     except cfgmod.ConfigError:
         return "auto"  # the full load below reports the problem with its line
     value = raw.get("device", "auto") if isinstance(raw, dict) else "auto"
@@ -44,13 +44,17 @@ def _problems(path: Path, problems: list[str]) -> str:
     return f"{len(problems)} problem(s) in {path}:\n  " + "\n  ".join(problems)
 
 
-def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = None):
+def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = None, text: str | None = None):
     """Config + plugin, fully validated before anything runs; any problem is a ``UserError``.
 
-    Each ``plugins:`` entry is imported on its own, so a broken one is cited at its own line.
+    Each ``plugins:`` entry is imported on its own, so a broken one is cited at its own line. ``text``:
+    the file's text when the caller has read it already (a run reads its config once).
     """
     try:
-        config = cfgmod.load(path, device=device, quick=quick, overrides=overrides)
+        if text is None:
+            config = cfgmod.load(path, device=device, quick=quick, overrides=overrides)
+        else:
+            config = cfgmod.loads(text, str(path), device=device, quick=quick, overrides=overrides)
     except cfgmod.ConfigError as exc:
         raise UserError(_problems(path, exc.problems)) from exc
     cited = "plugin"  # the field a plugin problem is reported at
@@ -73,11 +77,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
     """``microscope run CONFIG``, or with ``--resume DIR`` the continuation of an interrupted run."""
     if args.resume is not None:
         return _resume(args.resume, console, args=args)
+    text = _config_text(args.config)
     try:
-        device = devmod.resolve(_requested_device(args.config, args.device))
+        device = devmod.resolve(_requested_device(args.config, args.device, text))
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
-    return _execute(args, console, device, _overrides(args), run_dir=None)
+    return _execute(args, console, device, _overrides(args), run_dir=None, text=text)
+
+
+def _config_text(path: Path) -> str:
+    """The config file's text, read once for the whole run (device, validation, hash, copy in the results)."""
+    try:
+        return cfgmod.read_config_text(path)
+    except cfgmod.ConfigError as exc:
+        raise UserError(_problems(path, exc.problems)) from exc
 
 
 def resume(args: argparse.Namespace, console: Console) -> int:
@@ -127,7 +140,7 @@ def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int
 
 
 def _execute(args: argparse.Namespace, console: Console, device: str, overrides: dict, *, run_dir: Path | None,
-             state=None) -> int:  # noqa: ANN001 - a RunState
+             state=None, text: str | None = None) -> int:  # noqa: ANN001 - a RunState
     """Load, run every trial group on the chosen executor, then print, gate and report."""
     import torch
 
@@ -137,8 +150,8 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
     from microscope.runner import Runner
 
     interpreted = devmod.prepare(device)
-    config, plugin = load_checked(args.config, device, args.quick, overrides)
-    text = args.config.read_text(encoding="utf-8")
+    text = _config_text(args.config) if text is None else text
+    config, plugin = load_checked(args.config, device, args.quick, overrides, text=text)
     kind = args.executor or config.executor.kind
     jobs = args.jobs or config.executor.jobs
     console.print(Text.assemble(("microscope ", "bold"), f"{plugin.name} on ", (device, "bold"),
@@ -168,7 +181,7 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
     state.save(runner.out_dir)
     spec = RunSpec(config_path=str(args.config.resolve()), device=device, quick=args.quick, overrides=overrides,
                    run_id=runner.run_id, out_root=str(Path(out_root).resolve()), env=runner.env, cwd=str(Path.cwd()),
-                   memory_limit_gb=config.executor.memory_limit_gb, threads=torch.get_num_threads())
+                   memory_limit_gb=config.executor.memory_limit_gb, threads=torch.get_num_threads(), config_text=text)
     try:
         executor = make_executor(kind, runner, spec, jobs=jobs, timeout_s=config.timeout_s,
                                  address=config.executor.address)

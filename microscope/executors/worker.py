@@ -47,6 +47,7 @@ class RunSpec:
     cwd: str
     memory_limit_gb: float | None = None
     threads: int | None = None  # the parent's intra-op threads: a CPU reduction's order, so its bits, follow them
+    config_text: str | None = None  # the file as the parent read it (an edit during the run changes nothing)
 
     def build(self) -> RunBase:
         import torch
@@ -61,10 +62,11 @@ class RunSpec:
         if self.threads:  # Ray sets OMP_NUM_THREADS=1 in its workers; the numbers must not depend on the executor
             torch.set_num_threads(self.threads)
         interpreted = devmod.prepare(self.device)
-        config, plugin = commands.load_checked(Path(self.config_path), self.device, self.quick, dict(self.overrides))
+        text = self.config_text if self.config_text is not None else Path(self.config_path).read_text(encoding="utf-8")
+        config, plugin = commands.load_checked(Path(self.config_path), self.device, self.quick, dict(self.overrides),
+                                               text=text)
         model_level = cfgmod.effective_level(config, plugin) == "model"
         cls = ModelRunner if model_level else Runner
-        text = Path(self.config_path).read_text(encoding="utf-8")
         runner = cls(plugin, config, device=self.device, interpreted=interpreted, out_root=Path(self.out_root),
                      config_text=text, run_id=self.run_id)
         runner.env = dict(self.env)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,15 +33,6 @@ class TensorError:
     limit: float = float("nan")  # the rel_err this tensor had to stay under
     passed: bool | None = None
     reason: str = ""
-
-
-@dataclass
-class VariantAccuracy:
-    tensors: list[TensorError] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(t.passed for t in self.tensors)
 
 
 def evaluate(

@@ -30,7 +30,7 @@ from microscope.gate import EXIT_FAILED, EXIT_OK, GateResult
 from microscope.stats.between_runs import compare_between_runs
 from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.multiple import holm as engine_holm
-from microscope.stats.table import NOT_JUDGED, higher_is_better, incorrect_variants, metric_kind
+from microscope.stats.table import NOT_JUDGED, SIGNIFICANT_VERDICTS, higher_is_better, incorrect_variants, metric_kind
 
 from . import fmt
 from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison
@@ -214,7 +214,7 @@ def holm(pvalues: pd.Series) -> pd.Series:
 def adjust(table: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """Holm over every tested row; a significant verdict that does not survive it becomes inconclusive."""
     table = table.assign(p_adj=holm(table["p"]))
-    lost = table["verdict"].isin(("faster", "slower", "higher", "lower", "better", "worse", "less", "more")) & (
+    lost = table["verdict"].isin(SIGNIFICANT_VERDICTS) & (
         table["p_adj"] >= alpha)
     tested = int(table["p"].notna().sum())
     for i in table.index[lost]:

@@ -17,17 +17,18 @@ import numpy as np
 import pandas as pd
 
 from microscope.stats.latency import RELATIVE_LATENCY
+from microscope.stats.table import NOT_JUDGED, SIGNIFICANT_VERDICTS
 
 from . import fmt
 from .load import RunData
 
 #: Verdicts that mean "this row changed something": the rows the short table keeps.
-SIGNIFICANT = ("fail", "slower", "more", "worse", "faster", "less", "better", "higher", "lower")
+#: Rows worth a reader's eye: every verdict that calls a difference, and failed checks.
+SIGNIFICANT = ("fail", *sorted(SIGNIFICANT_VERDICTS))
 #: Verdicts a reviewer must look at before merging (failed trials and statistics errors included).
 REGRESSIONS = ("fail", "failed", "error", "slower", "more", "worse")
 IMPROVEMENTS = ("faster", "less", "better")
 TRIAL_VERDICTS = ("failed", "skipped")
-NOT_JUDGED = "not judged"
 #: The headline of variants skipped on this device (one line, whatever their number).
 SKIPPED_DIMENSION = "not measured here"
 #: The note the statistics table puts on latency rows timed through the Triton interpreter.

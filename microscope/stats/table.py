@@ -87,7 +87,8 @@ TABLE_COLUMNS: tuple[str, ...] = (
 _KEYS = ["plugin", "case_id", "dimension", "metric"]
 _FLOATS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj")
 #: Verdicts that claim a significant difference and so must survive the multiplicity adjustment.
-SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower"})
+#: Verdicts that call a difference (the one list: the engine's, compare's and the reports' "significant").
+SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower", "less", "more"})
 #: The verdict of a speed or memory row whose variant fails accuracy in that case.
 NOT_JUDGED = "not judged"
 #: ``vs`` column: what the candidate is compared with.
