@@ -316,9 +316,9 @@ def _print_full_tables(data, console: Console) -> None:  # noqa: ANN001 - a RunD
 
 def read_records_lenient(path: Path) -> list[dict]:
     """The records of a run as dicts, lines that are not JSON records left out (a killed run's last line)."""
-    from microscope.report.load import read_record_lines
+    from microscope.store.records import read_records_lenient
 
-    return read_record_lines(path)[0]
+    return read_records_lenient(path)[0]
 
 
 def _append_history(args: argparse.Namespace, code: int, run_dir: Path, console: Console) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from microscope.stats.table import TABLE_COLUMNS
+from microscope.store.records import read_records_lenient, records_from_rows, text_column
 
 from .run_progress import RunProgress, read_progress
 
@@ -28,8 +29,6 @@ NUMERIC_COLUMNS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_lo
 INSTRUMENT_FILES = {"divergence": "divergence.json", "trace_diff": "trace_diff.json",
                     "graph_diff": "graph_diff.json"}
 #: Record columns every downstream step may rely on, even for an empty or odd records file.
-RECORD_COLUMNS = ("run_id", "plugin", "variant", "role", "case_id", "seed", "dimension", "metric", "value",
-                  "unit", "status", "reason", "passed", "device", "interpreted")
 
 
 class ReportError(Exception):
@@ -75,75 +74,6 @@ class RunData:
         return [d for d in order if d in seen] + sorted(str(d) for d in seen - set(order))
 
 
-def read_record_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Parse ``records.jsonl``, skipping (and noting) lines that are not JSON objects.
-
-    ``microscope.store.records.read_records`` raises on a cut line, which is right for statistics but
-    wrong for a report: the measurements before the cut are exactly what the reader wants to see.
-    """
-    rows: list[dict[str, Any]] = []
-    bad: list[int] = []
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for line_no, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):  # a damaged line nested past the parser
-                bad.append(line_no)
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                bad.append(line_no)
-    notes = []
-    if bad:
-        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
-        notes.append(f"{path.name}: {len(bad)} line(s) are not JSON records (line {shown}); "
-                     "was the run killed mid-write? They are left out of this report.")
-    return rows, notes
-
-
-def _text(column: pd.Series) -> pd.Series:
-    """Plain Python strings ("" for missing) in an object column: iterating pandas' Arrow-backed
-    string columns row by row is an order of magnitude slower, and the writers iterate."""
-    values = ["" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in column.tolist()]
-    return pd.Series(values, index=column.index, dtype=object)
-
-
-def flatten(row: dict[str, Any]) -> dict[str, Any]:
-    """One level of nesting flattened (``details.rounds``, ``case.seq``); ``env`` is kept out.
-
-    ``pandas.json_normalize`` deep-copies every record, which takes seconds on a run of tens of
-    thousands of records; this does the one level the reports need. The environment is identical
-    for (nearly) every record, so it is summarised once by ``run_envs`` instead of becoming columns.
-    """
-    flat: dict[str, Any] = {}
-    for key, value in row.items():
-        if key == "env":
-            continue
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                flat[f"{key}.{sub}"] = v
-        else:
-            flat[key] = value
-    return flat
-
-
-def records_from_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Records as a DataFrame with the guaranteed columns present (missing ones filled with None)."""
-    frame = pd.DataFrame([flatten(r) for r in rows]) if rows else pd.DataFrame()
-    for col in RECORD_COLUMNS:
-        if col not in frame.columns:
-            frame[col] = None
-    frame["status"] = frame["status"].fillna("ok")
-    for col in ("plugin", "variant", "role", "case_id", "dimension", "metric"):
-        frame[col] = _text(frame[col])
-    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
-    return frame
-
-
 def read_comparison(folder: Path) -> tuple[pd.DataFrame | None, list[str]]:
     """The statistics table from ``comparison.csv`` (or ``.parquet``), normalised to known columns.
 
@@ -172,8 +102,8 @@ def normalise_comparison(table: pd.DataFrame) -> pd.DataFrame:
     for col in NUMERIC_COLUMNS:
         table[col] = pd.to_numeric(table[col], errors="coerce")
     for col in set(COMPARISON_COLUMNS) - set(NUMERIC_COLUMNS):
-        table[col] = _text(table[col])
-    table["verdict"] = _text(table["verdict"].map(lambda v: v.strip().lower()))
+        table[col] = text_column(table[col])
+    table["verdict"] = text_column(table["verdict"].map(lambda v: v.strip().lower()))
     table["vs"] = table["vs"].replace("", "baseline")
     table["gated"] = table["gated"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
     return table.reset_index(drop=True)
@@ -219,7 +149,7 @@ def load_run(results_dir: Path) -> RunData:
         folder = path.parent
     if not path.is_file():
         raise ReportError(f"{folder}: no records.jsonl here; pass a run folder such as results/<run-id>/")
-    rows, notes = read_record_lines(path)
+    rows, notes = read_records_lenient(path)
     records = records_from_rows(rows)
     comparison, more = read_comparison(folder)
     notes += more

@@ -158,10 +158,80 @@ def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None]:
     return record, None
 
 
-def records_frame(path: Path):  # -> pandas.DataFrame
-    """All records of a run as a pandas DataFrame (case parameters flattened as ``case.<name>``)."""
+def read_records_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every line of ``records.jsonl`` that is a record, and a note on those that are not.
+
+    ``read_records`` raises on a damaged line, which is right for statistics but wrong for a report:
+    the measurements around the damage are exactly what the reader wants to see.
+    """
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for line_no, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        line = line.strip()
+        if not line:
+            continue
+        record, problem = _parse_line(line)
+        if problem is None:
+            rows.append(record)
+        else:
+            bad.append(line_no)
+    notes = []
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        notes.append(f"{Path(path).name}: {len(bad)} line(s) are not JSON records (line {shown}); "
+                     "was the run killed mid-write? They are left out of this report.")
+    return rows, notes
+
+
+#: Columns every records DataFrame has (filled with None where no record holds them).
+RECORD_COLUMNS = ("run_id", "plugin", "variant", "role", "case_id", "seed", "dimension", "metric", "value",
+                  "unit", "status", "reason", "passed", "device", "interpreted")
+
+
+def flatten(row: dict[str, Any]) -> dict[str, Any]:
+    """One level of nesting flattened (``details.rounds``, ``case.seq``); ``env`` is kept out.
+
+    ``pandas.json_normalize`` deep-copies every record, which takes seconds on a run of tens of
+    thousands of records; this does the one level the statistics and reports need. The environment is
+    the same for (nearly) every record, so it is summarised once per run instead of becoming columns.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if key == "env":
+            continue
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        else:
+            flat[key] = value
+    return flat
+
+
+def text_column(column):  # noqa: ANN001, ANN202 - a pandas Series
+    """Plain Python strings ("" for missing) in an object column: iterating pandas' Arrow-backed
+    string columns row by row is an order of magnitude slower, and the writers iterate."""
     import pandas as pd
 
-    rows = list(read_records(path))
-    frame = pd.json_normalize(rows, max_level=1) if rows else pd.DataFrame()
+    values = ["" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v) for v in column.tolist()]
+    return pd.Series(values, index=column.index, dtype=object)
+
+
+def records_from_rows(rows: list[dict[str, Any]]):  # -> pandas.DataFrame
+    """Records as a DataFrame, one level flattened, with ``RECORD_COLUMNS`` present: the one builder the
+    statistics and the reports share."""
+    import pandas as pd
+
+    frame = pd.DataFrame([flatten(r) for r in rows]) if rows else pd.DataFrame()
+    for col in RECORD_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    frame["status"] = frame["status"].fillna("ok")
+    for col in ("plugin", "variant", "role", "case_id", "dimension", "metric"):
+        frame[col] = text_column(frame[col])
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
     return frame
+
+
+def records_frame(path: Path):  # -> pandas.DataFrame
+    """All records of a run as a DataFrame (``records_from_rows`` of ``read_records``)."""
+    return records_from_rows(list(read_records(path)))
