@@ -30,7 +30,14 @@ from microscope.gate import EXIT_FAILED, EXIT_OK, GateResult
 from microscope.stats.between_runs import compare_between_runs
 from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.multiple import holm as engine_holm
-from microscope.stats.table import NOT_JUDGED, SIGNIFICANT_VERDICTS, higher_is_better, incorrect_variants, metric_kind
+from microscope.stats.table import (
+    NOT_JUDGED,
+    SIGNIFICANT_VERDICTS,
+    higher_is_better,
+    incorrect_variants,
+    memory_verdict,
+    metric_kind,
+)
 
 from . import fmt
 from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison
@@ -169,6 +176,13 @@ def _row(key: tuple[str, ...], a: Measured, b: Measured, alpha: float, min_band:
         note = f"A {was}" + ("; regression: passed in A" if verdict == "fail" and was == "passed" else "")
         return row | {"verdict": verdict, "ratio_or_delta": vb / va if va else math.nan, "notes": note}
     time_like = dim == "throughput" and fmt.is_time_metric(metric)
+    if (dim == "memory" or metric.endswith("bytes")) and va > 0 and np.ptp(a.values) == 0 and np.ptp(b.values) == 0:
+        # every run measured the same peak on each side: deterministic, judged as within a run
+        ratio = vb / va
+        return row | {"ratio_or_delta": ratio, "ci_low": ratio, "ci_high": ratio, "p": math.nan,
+                      "verdict": memory_verdict(ratio), "notes": f"peak memory the same in every run of each side "
+                                                                 f"({len(a.values)} vs {len(b.values)}); "
+                                                                 "deterministic, no test"}
     log = time_like or dim == "memory" or metric.endswith("bytes") or fmt.is_rate_metric(metric)
     res = compare_between_runs(a.values, b.values, alpha=alpha, min_band=min_band, log=log,
                                history_sigma=history_sigma.get(key))

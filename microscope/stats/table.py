@@ -87,6 +87,9 @@ TABLE_COLUMNS: tuple[str, ...] = (
 _KEYS = ["plugin", "case_id", "dimension", "metric"]
 _FLOATS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj")
 #: Verdicts that claim a significant difference and so must survive the multiplicity adjustment.
+#: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
+#: few blocks with the allocator's history.
+MEMORY_BAND = 0.001
 #: Verdicts that call a difference (the one list: the engine's, compare's and the reports' "significant").
 SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower", "less", "more"})
 #: The verdict of a speed or memory row whose variant fails accuracy in that case.
@@ -333,13 +336,18 @@ def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, 
     row.notes.extend(res.notes)
 
 
+def memory_verdict(ratio: float, band: float = MEMORY_BAND) -> str:
+    """Peak memory is deterministic: "less"/"more" beyond ``band`` (relative), else "same". The one rule
+    for a run's rows and for ``compare``'s rows whose runs all measured the same peak."""
+    return "less" if ratio < 1 - band else "more" if ratio > 1 + band else "same"
+
+
 def _memory(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
     bvals, cvals = _floats(base), _floats(cand)
     bv, cv = _median(bvals), _median(cvals)
     ratio = _ratio(cv, bv)
     row.baseline_value, row.candidate_value, row.ratio_or_delta, row.n = bv, cv, ratio, len(cvals)
-    band = opts["memory_band"]
-    row.verdict = "less" if ratio < 1 - band else "more" if ratio > 1 + band else "same"
+    row.verdict = memory_verdict(ratio, opts["memory_band"])
     row.notes.append("ratio cand/base of peak memory; deterministic, no test")
     for label, vals in (("baseline", bvals), ("candidate", cvals)):
         if vals.size and np.ptp(vals) > 0:
@@ -602,7 +610,7 @@ def compare_records(
     min_band: float = 0.01,
     *,
     max_band: float = 0.05,
-    memory_band: float = 0.001,
+    memory_band: float = MEMORY_BAND,
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = 0,
     family_by: str | None = "plugin",

@@ -158,3 +158,24 @@ def test_significance_that_does_not_survive_holm_is_inconclusive() -> None:
     out = adjust(table, alpha=0.05)  # Holm: 0.003, 0.06, 0.06
     assert list(out["verdict"]) == ["faster", "inconclusive", "inconclusive", "pass"]
     assert "after Holm over 3 tests" in out.at[1, "notes"] and out.at[1, "notes"].startswith("x; ")
+
+
+def test_peak_memory_the_same_in_every_run_is_judged_as_within_a_run(tmp_path: Path) -> None:
+    """Peak memory is deterministic: runs that each measured the same peak are compared with the run's
+    own 0.1% rule, so a 0.5% growth is "more" (and gates) where a between-run test would call it noise."""
+    import json
+
+    base = _side(tmp_path / "a", 2, speedup=2.5, first_seed=1)
+    grown = _side(tmp_path / "b", 2, speedup=2.5, first_seed=3)
+    for records in grown.glob("*/records.jsonl"):
+        lines = [json.loads(line) for line in records.read_text().splitlines()]
+        for rec in lines:
+            if rec["metric"] == "peak_bytes" and rec["variant"] == "eager" and rec["value"] is not None:
+                rec["value"] *= 1.005
+        records.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    table = compare_runs(base, grown).comparison
+    row = _row(table, "eager", "seq=512,bf16", "peak_bytes")
+    assert row["verdict"] == "more" and row["ratio_or_delta"] == pytest.approx(1.005)
+    assert "same in every run of each side" in row["notes"]
+    assert _row(table, "triton", "seq=512,bf16", "peak_bytes")["verdict"] == "same"
+    assert compare_gate(table).exit_code == 1
