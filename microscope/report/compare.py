@@ -29,15 +29,9 @@ import yaml
 from microscope.gate import EXIT_FAILED, EXIT_OK, GateResult
 from microscope.stats.between_runs import compare_between_runs
 from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
+from microscope.stats.metrics import NOT_JUDGED, SIGNIFICANT_VERDICTS, higher_is_better, memory_verdict, metric_kind
 from microscope.stats.multiple import holm as engine_holm
-from microscope.stats.table import (
-    NOT_JUDGED,
-    SIGNIFICANT_VERDICTS,
-    higher_is_better,
-    incorrect_variants,
-    memory_verdict,
-    metric_kind,
-)
+from microscope.stats.table import incorrect_variants
 
 from . import fmt
 from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from microscope.stats.latency import RELATIVE_LATENCY
-from microscope.stats.table import NOT_JUDGED, SIGNIFICANT_VERDICTS
+from microscope.stats.metrics import NOT_JUDGED, SIGNIFICANT_VERDICTS
 
 from . import fmt
 from .load import RunData

@@ -35,9 +35,9 @@ import pandas as pd
 
 from .between_runs import compare_between_runs
 from .latency import RELATIVE_LATENCY
+from .metrics import higher_is_better, metric_kind
 from .multiple import holm
 from .steps import log_scale
-from .table import higher_is_better, metric_kind
 
 __all__ = ["GATING_COLUMNS", "KEY", "REGRESSED", "RELATIVE", "compare_nights", "confirmed_keys", "gating_family",
            "missing_keys", "relative_latency", "worse_if_up"]

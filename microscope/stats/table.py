@@ -59,9 +59,22 @@ from .accuracy import AccuracyComparison, compare_paired_accuracy, compare_seed_
 from .bootstrap import DEFAULT_N_BOOT, make_rng
 from .distributions import compare_distributions
 from .latency import compare_latency
+from .metrics import (
+    INTERPRETER_TIMING,
+    MEMORY_BAND,
+    NOT_JUDGED,
+    SIGNIFICANT_VERDICTS,
+    VS_BASELINE,
+    VS_BEST_PEER,
+    higher_is_better,
+    memory_verdict,
+    metric_kind,
+)
 from .multiple import benjamini_hochberg, holm
 
-__all__ = ["TABLE_COLUMNS", "compare_records", "higher_is_better", "metric_kind", "save_table"]
+__all__ = ["INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "TABLE_COLUMNS", "VS_BASELINE",
+           "VS_BEST_PEER", "compare_records", "higher_is_better", "incorrect_variants", "memory_verdict",
+           "metric_kind", "save_table"]
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "plugin",
@@ -86,76 +99,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
 )
 _KEYS = ["plugin", "case_id", "dimension", "metric"]
 _FLOATS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj")
-#: Verdicts that claim a significant difference and so must survive the multiplicity adjustment.
-#: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
-#: few blocks with the allocator's history.
-MEMORY_BAND = 0.001
-#: Verdicts that call a difference (the one list: the engine's, compare's and the reports' "significant").
-SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower", "less", "more"})
-#: The verdict of a speed or memory row whose variant fails accuracy in that case.
-NOT_JUDGED = "not judged"
-#: ``vs`` column: what the candidate is compared with.
-VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
-INTERPRETER_TIMING = "not gated: interpreter timing"
 _ROLE_ORDER = {"candidate": 0, "peer": 1}
-
-_LOWER_HINTS = (
-    "loss",
-    "ppl",
-    "perplex",
-    "err",
-    "nan",
-    "inf",
-    "spike",
-    "gap",
-    "cv",
-    "latency",
-    "time",
-    "bytes",
-    "divergen",
-)
-_HIGHER_HINTS = (
-    "acc",
-    "flops",
-    "gbps",
-    "gb_s",
-    "tok",
-    "throughput",
-    "speedup",
-    "per_s",
-    "score",
-    "f1",
-    "bleu",
-    "exact_match",
-)
-
-
-def higher_is_better(metric: str) -> bool:
-    """Guess the direction of improvement from a metric name (loss/err/... lower; acc/tflops/... higher).
-
-    Records can state it explicitly with ``details.higher_is_better``, which wins over this guess.
-    """
-    m = metric.lower()
-    if any(h in m for h in _LOWER_HINTS):
-        return False
-    return any(h in m for h in _HIGHER_HINTS)
-
-
-def metric_kind(dimension: str, metric: str, has_passed: bool = False) -> str:
-    """latency | numerics | model_accuracy | memory | distribution | rate | info (see the module table)."""
-    m, d = metric.lower(), dimension.lower()
-    if m.startswith("latency") or (d == "throughput" and m.endswith(("_ms", "_us", "_ns"))):
-        return "latency"
-    if d == "memory" or m.endswith("bytes"):
-        return "memory"
-    if d == "accuracy":
-        return "numerics" if has_passed else "model_accuracy"
-    if d in ("stability", "generalization"):
-        return "distribution"
-    if d == "throughput":
-        return "rate"
-    return "info"
-
 
 @dataclass
 class _Row:
@@ -334,12 +278,6 @@ def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, 
         f"{effect} cand/base; {res.test}; band +-{res.tau:.1%}; P(cand faster)={res.prob_faster:.2f}"
     )
     row.notes.extend(res.notes)
-
-
-def memory_verdict(ratio: float, band: float = MEMORY_BAND) -> str:
-    """Peak memory is deterministic: "less"/"more" beyond ``band`` (relative), else "same". The one rule
-    for a run's rows and for ``compare``'s rows whose runs all measured the same peak."""
-    return "less" if ratio < 1 - band else "more" if ratio > 1 + band else "same"
 
 
 def _memory(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ import pandas as pd
 from microscope.env import machine_fingerprint
 from microscope.stats.bootstrap import bootstrap, make_rng, percentile_ci
 from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
-from microscope.stats.table import metric_kind
+from microscope.stats.metrics import metric_kind
 
 from .history_schema import HistoryError
 from .records import RecordsError, read_records

@@ -1,0 +1,82 @@
+"""What a metric is: its kind (which test the comparison table gives it), its direction of improvement,
+and the verdict words every layer shares (the statistics engine, ``compare``, the reports, the gates).
+"""
+
+from __future__ import annotations
+
+__all__ = ["INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "VS_BASELINE", "VS_BEST_PEER",
+           "higher_is_better", "memory_verdict", "metric_kind"]
+
+#: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
+#: few blocks with the allocator's history.
+MEMORY_BAND = 0.001
+#: Verdicts that call a difference (the one list: the engine's, compare's and the reports' "significant").
+SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower", "less", "more"})
+#: The verdict of a speed or memory row whose variant fails accuracy in that case.
+NOT_JUDGED = "not judged"
+#: ``vs`` column: what the candidate is compared with.
+VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
+INTERPRETER_TIMING = "not gated: interpreter timing"
+
+_LOWER_HINTS = (
+    "loss",
+    "ppl",
+    "perplex",
+    "err",
+    "nan",
+    "inf",
+    "spike",
+    "gap",
+    "cv",
+    "latency",
+    "time",
+    "bytes",
+    "divergen",
+)
+_HIGHER_HINTS = (
+    "acc",
+    "flops",
+    "gbps",
+    "gb_s",
+    "tok",
+    "throughput",
+    "speedup",
+    "per_s",
+    "score",
+    "f1",
+    "bleu",
+    "exact_match",
+)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Guess the direction of improvement from a metric name (loss/err/... lower; acc/tflops/... higher).
+
+    Records can state it explicitly with ``details.higher_is_better``, which wins over this guess.
+    """
+    m = metric.lower()
+    if any(h in m for h in _LOWER_HINTS):
+        return False
+    return any(h in m for h in _HIGHER_HINTS)
+
+
+def metric_kind(dimension: str, metric: str, has_passed: bool = False) -> str:
+    """latency | numerics | model_accuracy | memory | distribution | rate | info (see the module table)."""
+    m, d = metric.lower(), dimension.lower()
+    if m.startswith("latency") or (d == "throughput" and m.endswith(("_ms", "_us", "_ns"))):
+        return "latency"
+    if d == "memory" or m.endswith("bytes"):
+        return "memory"
+    if d == "accuracy":
+        return "numerics" if has_passed else "model_accuracy"
+    if d in ("stability", "generalization"):
+        return "distribution"
+    if d == "throughput":
+        return "rate"
+    return "info"
+
+
+def memory_verdict(ratio: float, band: float = MEMORY_BAND) -> str:
+    """Peak memory is deterministic: "less"/"more" beyond ``band`` (relative), else "same". The one rule
+    for a run's rows and for ``compare``'s rows whose runs all measured the same peak."""
+    return "less" if ratio < 1 - band else "more" if ratio > 1 + band else "same"
