@@ -57,6 +57,18 @@ class RunResult:
         return [r for r in self.records if r.status == "failed"]
 
 
+#: Which way is better for each metric this runner emits: records carry it, so nothing downstream has to
+#: guess from a metric's name.
+HIGHER_IS_BETTER = {"latency_ms": False, "tflops": True, "gbps": True, "peak_bytes": False, "timed_calls.ok": True}
+
+
+def higher_is_better(metric: str) -> bool | None:
+    """The declared direction of one of this runner's metrics (``<tensor>.rel_err``: lower), else None."""
+    if metric in HIGHER_IS_BETTER:
+        return HIGHER_IS_BETTER[metric]
+    return False if metric.endswith("rel_err") else None
+
+
 def plan_cases(plugin: Ablation, config: RunConfig) -> list[Case]:
     """The plugin's case grid with the config's axes substituted (a full grid over the axes); with a list
     of grids, the cases of each in turn, each case once."""
@@ -245,6 +257,9 @@ class Runner(RunBase):
     # -- records ------------------------------------------------------------------------------
     def _emit(self, case: Case, seed: int, name: str, variant: Variant, dimension: str, metric: str,
               value: float | None, **kw: Any) -> None:
+        better = higher_is_better(metric)
+        if better is not None:
+            kw["details"] = {**(kw.get("details") or {}), "higher_is_better": better}
         record = Record(
             run_id=self.run_id, plugin=self.plugin.name, variant=name, role=variant.role.value,
             case_id=case.id, case=case.params, seed=seed, dimension=dimension, metric=metric, value=value,

@@ -101,6 +101,14 @@ def test_throughput_records_carry_interleaved_rounds(toy_run):
     assert _by(toy_run, variant="eager", metric="gbps")
 
 
+def test_every_record_of_the_runner_declares_which_way_is_better(toy_run):
+    """The direction is declared where a metric is emitted, never guessed from its name downstream."""
+    declared = {r.metric: r.details.get("higher_is_better") for r in toy_run.records if r.status == "ok"}
+    assert declared["latency_ms"] is False and declared["gbps"] is True and declared["peak_bytes"] is False
+    assert all(v is False for m, v in declared.items() if m.endswith("rel_err")) and declared["timed_calls.ok"]
+    assert None not in declared.values(), declared
+
+
 def test_interleaved_marks_each_variant_outside_its_timed_calls_and_cpu_ignores_the_gpu_mode():
     """``on_variant`` runs before each warm-up and before each variant's calls of a round, in the
     alternating order; on a CPU every timing mode is ``perf_counter``."""
