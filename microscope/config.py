@@ -81,6 +81,9 @@ class ThroughputConfig:
     # alone, for kernels of a few microseconds); host: the Python and launch time until the call returns
     mode: Literal["events", "cuda_graph", "host"] = "events"
     table: bool = False  # print each variant's TFLOP/s or GB/s and share of the ceiling per case (a bench table)
+    # > 0: a variant whose call takes longer than this many ms per round gets fewer reps (at least 1), so
+    # slow peers (eager, a math backend) do not dominate a run's time; the rounds stay paired
+    round_budget_ms: float = 0.0
     input_sets: int = 3  # seeded input sets rotated across timed calls (1: the accuracy inputs only)
     check_rounds: int = 3  # rounds whose last timed output is checked against its float64 reference
 
@@ -267,6 +270,7 @@ BOUNDS: dict[str, Bounds] = {
     "dimensions.throughput.reps": _whole(1, 100_000),
     "dimensions.throughput.input_sets": _whole(1, 1000),
     "dimensions.throughput.check_rounds": _whole(0, 100_000),
+    "dimensions.throughput.round_budget_ms": Bounds(0, 3_600_000),
     "executor.jobs": _whole(1, 1024),
     "executor.max_wall_s": Bounds(0, 30 * 24 * 3600, low_open=True),  # a month
     "executor.memory_limit_gb": Bounds(0, 1 << 20, low_open=True),

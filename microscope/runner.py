@@ -494,7 +494,7 @@ class Runner(RunBase):
             interpreted = self.interpreted and "triton" in variant.needs
             notes = [INTERPRETER_NOTE] if interpreted else []
             timing_mode = cfg.mode if self.device == "cuda" else "events"
-            details = {"rounds": timing.rounds, "reps": cfg.reps, "warmup": cfg.warmup, "mode": mode,
+            details = {"rounds": timing.rounds, "reps": timing.reps, "warmup": cfg.warmup, "mode": mode,
                        "timing_mode": timing_mode,
                        "timer": throughput.TIMER_NAMES[timing_mode] if self.device == "cuda" else "perf_counter",
                        "l2_flush": self.device == "cuda" and cfg.flush_l2, "iqr_rel": timing.iqr_rel,

@@ -245,3 +245,29 @@ def test_sweeps_name_what_is_wrong(sweep_dir):
     assert "sweep.plain: the baseline is not swept" in problems("{plain: {factor: [2.0]}}")
     assert "sweep.scaled.square: 'yes' is a str, expected bool" in problems("{scaled: {square: ['yes']}}")
     assert "sweep.scaeld: no variant 'scaeld'; did you mean 'scaled'?" in problems("{scaeld: {factor: [2.0]}}")
+
+
+def test_a_round_budget_gives_a_slow_variant_fewer_reps_and_keeps_every_round():
+    """``round_budget_ms``: a variant whose call takes ~20 ms under a 25 ms budget runs once per round,
+    a fast one keeps the configured reps; both time every round (the rounds stay paired)."""
+    import time
+
+    from microscope.config import ThroughputConfig
+    from microscope.measures import throughput
+
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.02)
+
+    cfg = ThroughputConfig(warmup=1, rounds=4, reps=5, round_budget_ms=25.0)
+    res = throughput.interleaved({"fast": fast, "slow": slow}, cfg, "cpu")
+    assert res["fast"].reps == 5 and res["slow"].reps == 1
+    assert len(res["fast"].rounds) == len(res["slow"].rounds) == 4
+    assert calls == {"fast": 1 + 1 + 4 * 5, "slow": 1 + 1 + 4}  # warm-up, the costing call, the rounds
+    plain = throughput.interleaved({"slow": slow}, ThroughputConfig(warmup=0, rounds=1, reps=3), "cpu")
+    assert plain["slow"].reps == 3 and len(plain["slow"].samples) == 3

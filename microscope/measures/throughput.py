@@ -56,6 +56,7 @@ class Timing:
     """Latency samples of one variant (milliseconds), and what was checked while it was timed."""
 
     rounds: list[float] = field(default_factory=list)  # per-round medians, in round order
+    reps: int = 0  # timed calls per round (fewer than the config's under a round budget)
     samples: list[float] = field(default_factory=list)  # every timed call
     error: str | None = None
     #: (round, input set, problem or None) of every timed call whose output was checked
@@ -216,6 +217,15 @@ def interleaved(
             except Exception as exc:
                 results[name].error = (f"cannot be captured in a CUDA graph ({type(exc).__name__}: {exc}); "
                                        "time it with throughput.mode: events")
+                continue
+        results[name].reps = cfg.reps
+        if cfg.round_budget_ms > 0:
+            try:
+                ms, _ = timer(calls_of[name])  # one more warm call, timed: what a call costs
+            except Exception as exc:
+                results[name].error = f"{type(exc).__name__}: {exc}"
+                continue
+            results[name].reps = max(1, min(cfg.reps, int(cfg.round_budget_ms // max(ms, 1e-6))))
     order = [n for n in thunks if results[n].error is None]
     checked = rot.rounds_to_check(cfg.rounds)
     for r in range(cfg.rounds):
@@ -226,7 +236,7 @@ def interleaved(
             mark(name)
             calls: list[float] = []
             try:
-                for i in range(cfg.reps):
+                for i in range(timing.reps):  # call i sees the same input set in every variant
                     k = (r * cfg.reps + i) % rot.n_sets
                     load(name, k)
                     ms, out = timer(calls_of[name])
