@@ -32,9 +32,10 @@ from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.metrics import NOT_JUDGED, SIGNIFICANT_VERDICTS, higher_is_better, memory_verdict, metric_kind
 from microscope.stats.multiple import holm as engine_holm
 from microscope.stats.table import incorrect_variants
+from microscope.store.comparison import COMPARISON_COLUMNS, normalise_comparison
 
 from . import fmt
-from .load import COMPARISON_COLUMNS, ReportError, RunData, load_run, normalise_comparison
+from .load import ReportError, RunData, load_run
 
 DEFAULT_ALPHA, DEFAULT_MIN_BAND = 0.05, 0.01
 DERIVED_METRICS = ("tflops", "gbps")

@@ -16,15 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from microscope.stats.table import TABLE_COLUMNS
-from microscope.store.records import read_records_lenient, records_from_rows, text_column
+from microscope.store.comparison import read_comparison
+from microscope.store.records import read_records_lenient, records_from_rows
 
 from .run_progress import RunProgress, read_progress
 
-#: The statistics engine's table, in its column order (one list, owned by ``microscope.stats.table``).
-COMPARISON_COLUMNS = TABLE_COLUMNS
-NUMERIC_COLUMNS = ("baseline_value", "candidate_value", "ratio_or_delta", "ci_low", "ci_high", "p", "p_adj",
-                   "n")
 #: Optional instrument outputs saved in the run folder, keyed by the attribute that holds them.
 INSTRUMENT_FILES = {"divergence": "divergence.json", "trace_diff": "trace_diff.json",
                     "graph_diff": "graph_diff.json"}
@@ -72,41 +68,6 @@ class RunData:
             seen |= set(self.comparison["dimension"].dropna())
         order = ["accuracy", "throughput", "memory", "stability", "generalization"]
         return [d for d in order if d in seen] + sorted(str(d) for d in seen - set(order))
-
-
-def read_comparison(folder: Path) -> tuple[pd.DataFrame | None, list[str]]:
-    """The statistics table from ``comparison.csv`` (or ``.parquet``), normalised to known columns.
-
-    Text is read as text (``keep_default_na=False``) so a variant literally named "NA" or "None" stays
-    a name; only the numeric columns are coerced, with unreadable cells becoming NaN.
-    """
-    csv, parquet = folder / "comparison.csv", folder / "comparison.parquet"
-    try:
-        if csv.is_file():
-            table = pd.read_csv(csv, dtype=str, keep_default_na=False)
-        elif parquet.is_file():
-            table = pd.read_parquet(parquet)
-        else:
-            return None, []
-    except Exception as exc:  # a broken table must not cost the raw numbers
-        return None, [f"comparison table unreadable ({type(exc).__name__}: {exc}); verdicts left out"]
-    return normalise_comparison(table), []
-
-
-def normalise_comparison(table: pd.DataFrame) -> pd.DataFrame:
-    """Known columns present, numeric columns numeric, text columns plain strings."""
-    table = table.copy()
-    for col in COMPARISON_COLUMNS:
-        if col not in table.columns:
-            table[col] = None
-    for col in NUMERIC_COLUMNS:
-        table[col] = pd.to_numeric(table[col], errors="coerce")
-    for col in set(COMPARISON_COLUMNS) - set(NUMERIC_COLUMNS):
-        table[col] = text_column(table[col])
-    table["verdict"] = text_column(table["verdict"].map(lambda v: v.strip().lower()))
-    table["vs"] = table["vs"].replace("", "baseline")
-    table["gated"] = table["gated"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
-    return table.reset_index(drop=True)
 
 
 def read_instrument(folder: Path, name: str) -> tuple[dict[str, Any] | None, list[str]]:

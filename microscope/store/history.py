@@ -415,7 +415,10 @@ def series_changes(frame: pd.DataFrame) -> tuple[list[Step], Drift | None]:
 def default_gate(results_dir: Path) -> bool:
     """Whether a saved run passes the default gate (``microscope.gate``, ``GateConfig()``) over its table."""
     from microscope.gate import evaluate  # imports the config layer (and torch): only when needed
-    from microscope.report.load import load_run
 
-    data = load_run(results_dir)
-    return evaluate(data.comparison, data.records).passed
+    from .comparison import read_comparison
+    from .records import read_records_lenient, records_from_rows
+
+    folder = Path(results_dir)
+    records = records_from_rows(read_records_lenient(folder / "records.jsonl")[0])
+    return evaluate(read_comparison(folder)[0], records).passed

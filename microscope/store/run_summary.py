@@ -39,6 +39,7 @@ from microscope.stats.bootstrap import bootstrap, make_rng, percentile_ci
 from microscope.stats.latency import RELATIVE_LATENCY, paired_round_ratios
 from microscope.stats.metrics import metric_kind
 
+from .comparison import read_comparison
 from .history_schema import HistoryError
 from .records import RecordsError, read_records
 
@@ -145,8 +146,6 @@ def _plain_value(records: list[dict[str, Any]], dimension: str) -> tuple[float, 
 
 def _verdicts(folder: Path) -> tuple[dict[tuple[str, ...], str], list[str]]:
     """(plugin, variant, case, dimension, metric) -> verdict against the baseline, from comparison.csv."""
-    from microscope.report.load import read_comparison
-
     table, notes = read_comparison(folder)
     if table is None or not len(table):
         return {}, notes

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from microscope.report.load import COMPARISON_COLUMNS
+from microscope.store.comparison import COMPARISON_COLUMNS
 
 ENV_GPU = {"commit": "0123456789abcdef0123456789abcdef01234567", "python": "3.11.7", "torch": "2.13.0",
            "triton": "3.9.0", "device_name": "NVIDIA H200", "config_hash": "4ef7fde060c83a6c",
