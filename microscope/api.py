@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -257,6 +258,10 @@ class Arm:
     inference_only: bool = False
 
 
+#: Above this many elements a GPU input is drawn on the GPU (see ``randn``).
+DEVICE_DRAW_ELEMENTS = 1 << 24
+
+
 def randn(
     shape: Sequence[int],
     dtype: torch.dtype,
@@ -267,8 +272,16 @@ def randn(
     """Seeded normal tensor: drawn in float32 on the CPU generator, then cast and moved.
 
     Drawing on the CPU makes the inputs identical on every device, so a GPU run and a CPU run of the
-    same seed see the same numbers.
+    same seed see the same numbers. A GPU tensor of more than ``DEVICE_DRAW_ELEMENTS`` elements (a
+    benchmark shape: drawing 2^29 normals on one CPU thread takes seconds, for every input set) is drawn
+    on the GPU instead, from a generator seeded by the CPU generator: the same numbers on every run and
+    GPU of the seed, not the CPU's.
     """
+    size = math.prod(shape)
+    if size > DEVICE_DRAW_ELEMENTS and torch.device(device).type == "cuda":
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        on_device = torch.Generator(device=device).manual_seed(seed)
+        return (torch.randn(tuple(shape), generator=on_device, device=device, dtype=torch.float32) * scale).to(dtype)
     return (torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 
 
