@@ -1,0 +1,131 @@
+"""Dynamic int8 Linear in Triton: activations quantized per token, an int8 x int8 -> int32 GEMM against
+the per-channel int8 weight, and the dequantization (both scales) and bias fused into its epilogue.
+
+Why: a Linear's weight read and its multiply-adds both shrink. The weight is quantized once, offline
+(``reference.quantize_per_channel``); each call quantizes its activations in one pass (``quantize_rows``:
+a row's absmax, then ``round(x * 127 / absmax)``) and runs one GEMM whose accumulator is exact int32,
+so the only errors are the two roundings to int8. The epilogue turns the int32 tile into
+``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
+intermediate ever reaches memory.
+
+A NaN or Inf in an activation row makes that row's scale NaN, so its outputs are NaN rather than
+silently finite. Under the Triton interpreter small fixed blocks are used.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from microscope.api import interpreting
+
+QMAX = 127
+
+
+@triton.jit
+def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
+    """One program per row: absmax over the row (NaN-aware), then q = round half away from zero."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_K)
+    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+    bad = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + cols < K
+        x = tl.load(X + row * stride_x + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+        bad += ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
+    scale = tl.max(amax, axis=0) / 127.0
+    scale = tl.where(tl.sum(bad, axis=0) > 0, float("nan"), scale)
+    inv = tl.where(scale > 0, 1.0 / tl.maximum(scale, 1e-30), 0.0)  # an all-zero row quantizes to zeros
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + cols < K
+        x = tl.load(X + row * stride_x + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        v = x * inv
+        q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        tl.store(Q + row * stride_q + k0 + cols, q.to(tl.int8), mask=mask)
+    tl.store(S + row, scale)
+
+
+@triton.jit
+def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stride_cm,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """C[m, n] = (sum_k A[m, k] B[n, k]) * SA[m] * SB[n] (+ BIAS[n]): exact int32 accumulation."""
+    pid = tl.program_id(0)
+    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * grid_n)  # grouped order: programs that share B tiles run together
+    first_m = group * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
+    pid_n = (pid % (GROUP_M * grid_n)) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(A + rm[:, None] * stride_am + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0)
+        b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
+        acc += tl.dot(a, b, out_dtype=tl.int32)
+    sa = tl.load(SA + rm, mask=rm < M, other=0.0)
+    sb = tl.load(SB + rn, mask=rn < N, other=0.0)
+    out = acc.to(tl.float32) * sa[:, None] * sb[None, :]
+    if HAS_BIAS:
+        out += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(C + rm[:, None] * stride_cm + rn[None, :], out.to(C.dtype.element_ty), mask=mask)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 (M, K), scale float32 (M,)) of a 2-D tensor, symmetric per row, in one Triton pass."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
+    x = x.contiguous()
+    m, k = x.shape
+    q = torch.empty((m, k), device=x.device, dtype=torch.int8)
+    scale = torch.empty((m,), device=x.device, dtype=torch.float32)
+    if m:
+        block = 64 if interpreting() else min(4096, triton.next_power_of_2(max(k, 16)))
+        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block)
+    return q, scale
+
+
+def _blocks(m: int, n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): decode-shaped M gets 16-row tiles, large M 128 x 128."""
+    if interpreting():
+        return 16, 32, 32, 4
+    if m <= 16:
+        return 16, 64, 256, 4
+    if m <= 64:
+        return 64, 128, 128, 4
+    return 128, 128, 128, 8
+
+
+def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T + bias`` with x quantized per token and W given as int8 (N, K) with per-channel
+    ``w_scale`` (N,): one quantize pass and one GEMM with a fused dequant epilogue; x's dtype out.
+
+    x may have leading batch dims (..., K); the weight comes from ``reference.quantize_per_channel``.
+    """
+    if w_q.dtype != torch.int8 or w_q.dim() != 2:
+        raise TypeError(f"w_q must be a 2-D int8 tensor (N, K), got {w_q.dtype} of shape {tuple(w_q.shape)}")
+    n, k = w_q.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    if m == 0 or n == 0:
+        return out.reshape(*lead, n)
+    x_q, x_scale = quantize_rows(x2)
+    w_q, w_scale = w_q.contiguous(), w_scale.to(torch.float32).contiguous()
+    bm, bn, bk, warps = _blocks(m, n)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _int8_gemm_kernel[grid](x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
+                            x_q.stride(0), w_q.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
+    return out.reshape(*lead, n)

@@ -1,0 +1,135 @@
+"""The dynamic int8 Linear against its references: quantization round trips, the Triton quantize pass
+against eager, the GEMM against an exact integer product, and every variant against the float64 Linear.
+
+On a CPU the kernels run through the Triton interpreter (CI); with a GPU present they run compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from microscope_kernels.int8_linear.ablation import INT8_ERROR_BUDGET, Int8Linear
+from microscope_kernels.int8_linear.kernel import int8_linear, quantize_rows
+from microscope_kernels.int8_linear.reference import (
+    int8_linear_reference,
+    quantize_per_channel,
+    quantize_per_tensor_affine,
+    quantize_per_token,
+    quantize_rows_eager,
+)
+
+from microscope.api import Role
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _randn(shape, seed, dtype, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(device=DEVICE, dtype=dtype)
+
+
+def rel_err(y: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((y.double() - truth).norm() / truth.norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 300), (37, 513)], ids=str)
+def test_symmetric_rows_round_trip_within_half_a_step_and_zero_rows_stay_zero(shape, dtype, seed):
+    x = _randn(shape, seed, dtype, scale=3.0)
+    x[0] = 0  # an all-zero row: scale 0, every q 0
+    q, scale = quantize_per_token(x)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and q.shape == x.shape
+    assert float(scale[0]) == 0 and not q[0].any()
+    back = q.float() * scale[:, None]
+    half = scale[:, None] / 2 * (1 + 3e-5) + 1e-30  # a value on a half step rounds away by float32 noise
+    assert bool(((back - x.float()).abs() <= half).all())
+    assert int(q.abs().max()) <= 127
+
+
+def test_per_tensor_affine_round_trips_within_half_a_step_including_a_constant_tensor(seed):
+    x = _randn((19, 77), seed, torch.float32, scale=2.0) + 0.7  # not centred: the zero point matters
+    q, scale, zero_point = quantize_per_tensor_affine(x)
+    back = (q.float() - zero_point) * scale
+    assert float((back - x).abs().max()) <= scale / 2 * (1 + 3e-5)
+    const = torch.full((3, 5), 2.5, device=DEVICE)
+    qc, sc, zc = quantize_per_tensor_affine(const)
+    assert float(((qc.float() - zc) * sc - const).abs().max()) <= sc / 2 * (1 + 3e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_the_triton_quantize_pass_matches_eager_exactly(dtype, seed):
+    x = _randn((37, 1000), seed, dtype, scale=4.0)  # 1000: rows span several blocks with a ragged tail
+    x[5] = 0
+    q, scale = quantize_rows(x)
+    q_ref, scale_ref = quantize_rows_eager(x)
+    assert torch.equal(scale, scale_ref) and torch.equal(q, q_ref)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 1), (1, 129, 300), (17, 33, 513), (37, 129, 64)], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+def test_the_gemm_equals_the_exact_integer_product_rescaled(m, n, k, dtype, with_bias, seed):
+    """Same quantized operands, an exact int64 product: what is left is the epilogue's float32 rounding."""
+    x = _randn((m, k), seed, dtype)
+    w_q, w_scale = quantize_per_channel(_randn((n, k), seed + 1, dtype, scale=k**-0.5))
+    bias = _randn((n,), seed + 2, dtype) if with_bias else None
+    got = int8_linear(x, w_q, w_scale, bias).double()
+    want = int8_linear_reference(x, w_q, w_scale, bias).double()
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(got, want, rtol=2 * eps, atol=2 * eps * float(want.abs().max().clamp_min(1))), (
+        float((got - want).abs().max()))
+
+
+def test_leading_batch_dims_and_empty_inputs(seed):
+    x = _randn((2, 3, 40), seed, torch.float32)
+    w_q, w_scale = quantize_per_channel(_randn((9, 40), seed + 1, torch.float32))
+    out = int8_linear(x, w_q, w_scale)
+    assert out.shape == (2, 3, 9)
+    assert torch.allclose(out.reshape(6, 9), int8_linear(x.reshape(6, 40), w_q, w_scale))
+    assert int8_linear(x[:, :0], w_q, w_scale).shape == (2, 0, 9)
+
+
+def test_non_finite_values_are_refused_offline_and_poison_only_their_row_online():
+    w = torch.randn(8, 16, device=DEVICE)
+    w[2, 3] = float("inf")
+    with pytest.raises(ValueError, match="the weight holds 1 NaN/Inf value"):
+        quantize_per_channel(w)
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        quantize_per_tensor_affine(torch.tensor([1.0, float("nan")], device=DEVICE))
+    w_q, w_scale = quantize_per_channel(torch.randn(8, 16, device=DEVICE))
+    x = torch.randn(4, 16, device=DEVICE)
+    x[1, 7] = float("nan")
+    out = int8_linear(x, w_q, w_scale)
+    assert bool(out[1].isnan().all()) and bool(out[[0, 2, 3]].isfinite().all())
+
+
+def test_bad_arguments_say_what_is_wrong():
+    x = torch.randn(3, 16, device=DEVICE)
+    with pytest.raises(TypeError, match="w_q must be a 2-D int8 tensor"):
+        int8_linear(x, torch.zeros(4, 16, device=DEVICE), torch.ones(4, device=DEVICE))
+    w_q, w_scale = quantize_per_channel(torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="x has 16 features, the weight 8"):
+        int8_linear(x, w_q, w_scale)
+
+
+def test_plugin_variants_meet_the_budget_and_the_affine_baseline_loses_more(seed):
+    """Every variant on every default case, judged against the float64 Linear on the unquantized weight."""
+    plugin = Int8Linear()
+    roles = {name: v.role for name, v in plugin.variants.items()}
+    assert roles == {"affine": Role.BASELINE, "triton": Role.CANDIDATE, "int_mm": Role.PEER, "linear": Role.PEER}
+    for case in plugin.cases:
+        inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), DEVICE)
+        x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+               for k, v in inputs.items()}
+        truth = plugin.reference(x64)
+        errors = {}
+        for name, variant in plugin.variants.items():
+            if variant.supports is not None and variant.supports(case, DEVICE):
+                continue
+            got = variant.fn(**inputs)
+            assert got.shape == truth.shape and got.dtype == case.dtype, name
+            errors[name] = rel_err(got, truth)
+        assert errors["triton"] <= INT8_ERROR_BUDGET and errors["linear"] <= 0.01, (case.id, errors)
+        assert plugin.bytes(case) < 2 * case["m"] * case["k"] * 4 + case["n"] * case["k"] * 2
+        assert plugin.flops(case) == 2 * case["m"] * case["n"] * case["k"]
