@@ -1,0 +1,87 @@
+"""Plugin: a group-wise 4-bit weight-only Linear (Triton, unpacked in registers) vs the bf16 Linear it
+replaces, with dequantize-then-F.linear as the peer a user writes first.
+
+Operator level: one Linear call; the weight is quantized once, outside the call (round to nearest per
+group of ``group`` columns). Decode-shaped (M of 1-16) and prefill-shaped calls both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from microscope_kernels.int4_weight_only.kernel import int4_linear
+from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_int4
+
+from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+
+#: What round-to-nearest 4-bit weights may cost: norm-relative error of the output vs the float64 Linear
+#: on the unquantized weight. On Gaussian weights it measures 8-10% (16 levels over a group's range:
+#: a step of ~1/3 of the weights' spread), more with larger groups.
+INT4_ERROR_BUDGET = 0.12
+
+
+def _budget(dtype: torch.dtype) -> Tolerance:
+    """The budget as a Tolerance (``ref_factor`` x unit roundoff admits it in every dtype); outputs are
+    ~N(0, 1) with ~0.1 of rounding error, so the element rule admits 2% of outputs beyond 0.35 + 10%."""
+    unit_roundoff = torch.finfo(dtype).eps / 2
+    return Tolerance(rtol=0.1, atol=0.35, ref_factor=INT4_ERROR_BUDGET / unit_roundoff, max_mismatch=0.02)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
+    """F.linear on the unquantized weight in the case's dtype (the "before")."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _weight(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor,
+            group: int) -> Int4Weight:
+    """The packed weight from its tensors (inputs are plain tensors, so the harness can rotate them)."""
+    return Int4Weight(w_packed, w_scale, w_zero, x.shape[-1], group)
+
+
+def triton_int4(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor, group: int,
+                bias: torch.Tensor, **_: object) -> torch.Tensor:
+    """One Triton GEMM over the packed 4-bit weight, dequantized in registers per group."""
+    return int4_linear(x, _weight(x, w_packed, w_scale, w_zero, group), bias)
+
+
+def dequant_linear(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor,
+                   group: int, bias: torch.Tensor, **_: object) -> torch.Tensor:
+    """The 4-bit weight dequantized to x's dtype in eager PyTorch each call, then F.linear."""
+    return torch.nn.functional.linear(x, dequantize(_weight(x, w_packed, w_scale, w_zero, group), x.dtype), bias)
+
+
+@register("int4_weight_only")
+class Int4WeightOnly(Ablation):
+    """Group-wise 4-bit weights (round to nearest) in a Triton GEMM vs the bf16 Linear."""
+
+    variants = {
+        "linear": baseline(linear, differentiable=False),
+        "triton": candidate(triton_int4, needs=("triton",), differentiable=False),
+        "dequant": peer(dequant_linear, differentiable=False),
+    }
+    # odd sizes: K a multiple of no group (the last group is padded), N and M of no tile
+    cases = grid(m=[1, 37], n=[129], k=[300], group=[32, 128], dtype=["fp32", "fp16", "bf16"])
+    tolerance = {name: _budget(dtype) for name, dtype in
+                 (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        m, n, k, dtype = case["m"], case["n"], case["k"], case.dtype
+        weight = randn((n, k), dtype, gen, device, scale=k**-0.5)  # outputs ~N(0, 1)
+        w4 = quantize_int4(weight, case["group"])
+        return {"x": randn((m, k), dtype, gen, device), "weight": weight,
+                "bias": randn((n,), dtype, gen, device, scale=0.1), "w_packed": w4.packed, "w_scale": w4.scale,
+                "w_zero": w4.zero, "group": case["group"]}
+
+    def reference(self, inputs: Mapping[str, object]) -> torch.Tensor:
+        """The Linear on the unquantized weight (float64 here): what every variant approximates."""
+        return torch.nn.functional.linear(inputs["x"], inputs["weight"], inputs["bias"])
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        return 2.0 * case["m"] * case["n"] * case["k"]
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """What the 4-bit kernel moves: x, the packed weight with its scales and zero points, the output."""
+        m, n, k, s, g = case["m"], case["n"], case["k"], case.dtype.itemsize, case["group"]
+        groups = -(-k // g)
+        return float(m * k * s + n * groups * g // 2 + 8 * n * groups + m * n * s)

@@ -1,0 +1,106 @@
+"""The 4-bit weight-only Linear against its references: quantization round trips and exact packing, the
+Triton GEMM against the float64 product with the dequantized weight, and every variant within budget.
+
+On a CPU the kernel runs through the Triton interpreter (CI); with a GPU present it runs compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
+from microscope_kernels.int4_weight_only.kernel import int4_linear
+from microscope_kernels.int4_weight_only.reference import (
+    GROUPS,
+    dequantize,
+    int4_linear_reference,
+    quantize_int4,
+    unpack,
+)
+
+from microscope.api import Role
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _randn(shape, seed, dtype=torch.float32, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("k", [1, 31, 300, 513])
+def test_round_trip_within_half_a_step_and_packing_is_exact(group, k, seed):
+    """Every weight comes back within half its group's step; constant and zero groups come back exactly;
+    the packed bytes hold the 4-bit values in column order (low nibble first)."""
+    w = _randn((7, k), seed, scale=2.0)
+    w[1] = 0.0  # an all-zero row
+    w[2] = 0.75  # a constant row
+    q4 = quantize_int4(w, group)
+    assert q4.packed.dtype == torch.uint8 and q4.packed.shape == (7, -(-k // group) * group // 2)
+    back = dequantize(q4)
+    step = q4.scale.repeat_interleave(group, dim=1)[:, :k]
+    assert bool(((back - w).abs() <= step / 2 * (1 + 3e-5) + 1e-7).all())
+    assert torch.equal(back[1], w[1]) and torch.allclose(back[2], w[2], rtol=0, atol=1e-6)
+    values = unpack(q4)
+    assert int(values.max()) <= 15
+    assert torch.equal(q4.packed, values[:, 0::2] | (values[:, 1::2] << 4))
+
+
+def test_non_finite_weights_bad_groups_and_shapes_are_refused():
+    w = torch.randn(4, 64, device=DEVICE)
+    w[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="1 NaN/Inf value"):
+        quantize_int4(w, 32)
+    with pytest.raises(ValueError, match="group 48: one of 32, 64, 128"):
+        quantize_int4(torch.randn(4, 64, device=DEVICE), 48)
+    q4 = quantize_int4(torch.randn(4, 64, device=DEVICE), 32)
+    with pytest.raises(ValueError, match="x has 63 features, the weight 64"):
+        int4_linear(torch.randn(2, 63, device=DEVICE), q4)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k", "group"), [(1, 1, 1, 32), (1, 129, 300, 32), (17, 33, 513, 64),
+                                                     (37, 70, 256, 128)], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+def test_the_gemm_equals_the_product_with_the_dequantized_weight(m, n, k, group, dtype, with_bias, seed):
+    x = _randn((m, k), seed, dtype)
+    q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
+    bias = _randn((n,), seed + 2, dtype) if with_bias else None
+    got = int4_linear(x, q4, bias).double()
+    want = (x.double() @ dequantize(q4, dtype).double().t() + (bias.double() if with_bias else 0))
+    # the kernel multiplies the weight rounded to x's dtype, sums in fp32 and rounds the output once
+    eps = torch.finfo(dtype).eps
+    scale = float(want.abs().max().clamp_min(1))
+    assert torch.allclose(got, want, rtol=2 * eps, atol=4 * eps * scale), float((got - want).abs().max())
+    assert got.shape == (m, n)
+    reference = int4_linear_reference(x, q4, bias).double()  # float64 weight: off by the weight's rounding
+    assert torch.allclose(got, reference, rtol=0.05, atol=0.05 * scale)
+
+
+def test_leading_batch_dims_and_empty_inputs(seed):
+    q4 = quantize_int4(_randn((9, 40), seed), 32)
+    x = _randn((2, 3, 40), seed + 1)
+    out = int4_linear(x, q4)
+    assert out.shape == (2, 3, 9)
+    assert torch.allclose(out.reshape(6, 9), int4_linear(x.reshape(6, 40), q4))
+    assert int4_linear(x[:, :0], q4).shape == (2, 0, 9)
+
+
+def test_plugin_variants_meet_the_budget(seed):
+    """Every variant on every default case, judged against the float64 Linear on the unquantized weight."""
+    plugin = Int4WeightOnly()
+    assert {n: v.role for n, v in plugin.variants.items()} == {"linear": Role.BASELINE, "triton": Role.CANDIDATE,
+                                                               "dequant": Role.PEER}
+    for case in plugin.cases:
+        inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), DEVICE)
+        x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+               for k, v in inputs.items()}
+        truth = plugin.reference(x64)
+        errors = {name: float((v.fn(**inputs).double() - truth).norm() / truth.norm())
+                  for name, v in plugin.variants.items()}
+        assert errors["triton"] <= INT4_ERROR_BUDGET and errors["linear"] <= 0.01, (case.id, errors)
+        assert abs(errors["triton"] - errors["dequant"]) < 0.01, (case.id, errors)  # the same weights
+        # the 4-bit weight is ~0.27x the bf16 weight's bytes
+        assert plugin.bytes(case) < case["m"] * case["k"] * 4 + case["n"] * case["k"] + case["m"] * case["n"] * 4
