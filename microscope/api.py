@@ -307,7 +307,12 @@ class Ablation:
     arms: ClassVar[Mapping[str, Arm]] = {}
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
-        """Tensors for one case, drawn from the harness's seeded generator (use ``randn``)."""
+        """Tensors for one case, drawn from the harness's seeded generator (use ``randn``).
+
+        Return plain tensors (and plain values such as a flag or a group size), not objects holding
+        tensors: timed calls rotate several seeded input sets through each variant's buffers, which
+        catches a variant that memoizes its answer, and only plain tensors can be rotated.
+        """
         raise NotImplementedError(f"plugin {self.name!r} must define inputs(case, gen, device)")
 
     def grad_inputs(self, case: Case) -> tuple[str, ...]:

@@ -178,6 +178,7 @@ class RunBase:
         self.on_progress = on_progress or (lambda _msg: None)
         #: detail for a worker's log only (never a progress step): where a slow case spends its time
         self.log: Callable[[str], None] = lambda _msg: None
+        self._one_set: dict[str, str] = {}  # case id -> why its timed calls could not rotate input sets
         self.records: list[Record] = []
         #: where ``_write`` sends each record: the executor's per-group buffer
         self.sink: Callable[[Record], None] = self.records.append
@@ -492,7 +493,8 @@ class Runner(RunBase):
                            reason=timing.error or "no timed round completed")
                 continue
             interpreted = self.interpreted and "triton" in variant.needs
-            notes = [INTERPRETER_NOTE] if interpreted else []
+            notes = ([INTERPRETER_NOTE] if interpreted else []) + (
+                [self._one_set[case.id]] if case.id in self._one_set else [])
             timing_mode = cfg.mode if self.device == "cuda" else "events"
             details = {"rounds": timing.rounds, "reps": timing.reps, "warmup": cfg.warmup, "mode": mode,
                        "timing_mode": timing_mode,
@@ -528,6 +530,10 @@ class Runner(RunBase):
             extra = self.plugin.inputs(case, generator(derive_seed(seed, "timing", k)), self.device)
             if not _same_layout(inputs, extra):
                 self.on_progress(f"{case.id}: input sets differ in shape; timing on one set")
+                self._one_set[case.id] = (
+                    "timed on one input set: another seeded set differs in more than its values (a shape, a "
+                    "dtype, or a non-tensor input such as an object holding tensors); a variant that memoizes "
+                    "is not caught here: make inputs() return plain tensors of fixed shapes")
                 sets = [inputs]
                 break
             sets.append(extra)

@@ -271,3 +271,46 @@ def test_a_round_budget_gives_a_slow_variant_fewer_reps_and_keeps_every_round():
     assert calls == {"fast": 1 + 1 + 4 * 5, "slow": 1 + 1 + 4}  # warm-up, the costing call, the rounds
     plain = throughput.interleaved({"slow": slow}, ThroughputConfig(warmup=0, rounds=1, reps=3), "cpu")
     assert plain["slow"].reps == 3 and len(plain["slow"].samples) == 3
+
+
+OBJECT_INPUT_PLUGIN = '''
+import torch
+from dataclasses import dataclass
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+@dataclass
+class Packed:
+    w: torch.Tensor
+
+
+@register("object_input_probe")
+class ObjectInput(Ablation):
+    """x * w where w comes wrapped in an object: the harness cannot rotate it."""
+
+    variants = {"plain": baseline(lambda x, packed: x * packed.w),
+                "same": candidate(lambda x, packed: packed.w * x)}
+    cases = grid(n=[9], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-6)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device),
+                "packed": Packed(randn((case["n"],), case.dtype, gen, device))}
+
+    def reference(self, inputs):
+        return inputs["x"] * inputs["packed"].w
+'''
+
+
+def test_timed_calls_that_cannot_rotate_input_sets_say_so_in_their_records(tmp_path):
+    """An input the harness cannot copy between sets (an object holding tensors) leaves the timed calls on
+    one set, where a memoizing variant goes unseen: the latency records say so and how to fix it."""
+    (tmp_path / "object_plugin.py").write_text(OBJECT_INPUT_PLUGIN)
+    cfg = cfgmod.loads("plugin: object_input_probe\nplugins: [object_plugin.py]\n"
+                       "dimensions:\n  throughput: {warmup: 1, rounds: 2, reps: 1}\n  memory: {enabled: false}\n",
+                       str(tmp_path / "o.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="o").run()
+    (lat,) = _by(result, variant="same", metric="latency_ms")
+    assert lat.details["input_sets"] == 1
+    assert any("timed on one input set" in n and "plain tensors" in n for n in lat.details["notes"])
