@@ -45,7 +45,7 @@ def calibrate(args: argparse.Namespace, console: Console) -> int:
     """Run, tally and print; exit 0, or 2 for a bad config or ``--runs``."""
     from microscope import config as cfgmod
     from microscope import device as devmod
-    from microscope.commands import UserError, _requested_device, load_checked
+    from microscope.commands import UserError, load_checked, requested_device
     from microscope.runner import Runner
     from microscope.stats import compare_records
     from microscope.store.records import records_frame
@@ -59,7 +59,7 @@ def calibrate(args: argparse.Namespace, console: Console) -> int:
     if args.profile:
         overrides[cfgmod.PROFILE_KEY] = args.profile
     try:
-        device = devmod.resolve(_requested_device(args.config, args.device))
+        device = devmod.resolve(requested_device(args.config, args.device))
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
     interpreted = devmod.prepare(device)

@@ -28,7 +28,7 @@ class UserError(Exception):
     """Bad input from the user (config, plugin, device); printed without a traceback."""
 
 
-def _requested_device(path: Path, cli_device: str | None, text: str | None = None) -> str:
+def requested_device(path: Path, cli_device: str | None, text: str | None = None) -> str:
     """``--device``, else the config's own ``device:``, else ``auto`` (read with the config's bounded reader)."""
     if cli_device:
         return cli_device
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return _resume(args.resume, console, args=args)
     text = _config_text(args.config)
     try:
-        device = devmod.resolve(_requested_device(args.config, args.device, text))
+        device = devmod.resolve(requested_device(args.config, args.device, text))
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
     return _execute(args, console, device, _overrides(args), run_dir=None, text=text)
@@ -123,7 +123,7 @@ def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int
     if getattr(args, "config", None) is not None and args.command == "run":
         config_path, device, quick, overrides = args.config, None, args.quick, _overrides(args)
         try:
-            device = devmod.resolve(_requested_device(args.config, args.device))
+            device = devmod.resolve(requested_device(args.config, args.device))
         except devmod.DeviceError as exc:
             raise UserError(str(exc)) from exc
         problems = state.mismatch(config_path, device, quick, overrides)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
-from microscope.api import DTYPES, Ablation
+from microscope.api import DTYPES, Ablation, Role
 from microscope.instrument.config import InstrumentConfig
 
 
@@ -1077,7 +1077,7 @@ def _check_sweep_against(config: RunConfig, plugin: Ablation, problems: list[str
             hint = f"did you mean {close[0]!r}?" if close else f"the plugin has {', '.join(plugin.variants)}"
             problems.append(config.problem(at, f"no variant {_show(name)}; {hint}"))
             continue
-        if variant.role.value == "baseline":
+        if variant.role is Role.BASELINE:
             problems.append(config.problem(at, "the baseline is not swept: every variant is compared with it"))
             continue
         declared = dict(variant.params)

@@ -277,7 +277,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
     _check_args(args)
     configs = _configs(args.configs)
     try:
-        device = devmod.resolve(args.device or commands._requested_device(configs[0], None))
+        device = devmod.resolve(args.device or commands.requested_device(configs[0], None))
     except devmod.DeviceError as exc:
         raise commands.UserError(str(exc)) from exc
     interpreted = devmod.prepare(device)

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.fp32_dot import mma as _mma
 
 from microscope.api import interpreting
 
@@ -79,17 +80,6 @@ def _cast(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
     return x.to(DTYPE)
-
-
-@triton.jit
-def _mma(a, b, acc, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
-    """``a @ b (+ acc)`` in fp32: exact for fp32 inputs, tensor cores for fp16/bf16 (fp32 if interpreted)."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit

@@ -14,22 +14,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.fp32_dot import mma
 
 from microscope.api import interpreting
 
 from .reference import Int4Weight
-
-
-@triton.jit
-def _dot(a, b, acc, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + a @ b`` in fp32: exact products for fp32 inputs, tensor cores for fp16/bf16 (fp32 when
-    interpreted: the interpreter's bf16 arithmetic is not IEEE-correct)."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -53,8 +42,8 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
                          mask=(rm[:, None] < M) & (cols[None, :] < K), other=0.0)
         a_odd = tl.load(X + rm[:, None] * stride_xm + cols[None, :] + 1,
                         mask=(rm[:, None] < M) & (cols[None, :] + 1 < K), other=0.0)
-        acc = _dot(a_even, w_even.to(a_even.dtype), acc, INTERPRET, IEEE)
-        acc = _dot(a_odd, w_odd.to(a_odd.dtype), acc, INTERPRET, IEEE)
+        acc = mma(a_even, w_even.to(a_even.dtype), acc, INTERPRET, IEEE)
+        acc = mma(a_odd, w_odd.to(a_odd.dtype), acc, INTERPRET, IEEE)
     if HAS_BIAS:
         acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
