@@ -161,8 +161,12 @@ def graphed(thunk: Callable[[], Any]) -> Callable[[], Any]:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = thunk()
+    try:
+        with torch.cuda.graph(graph):
+            out = thunk()
+    except Exception:
+        _end_rng_capture()
+        raise
     torch.cuda.synchronize()
 
     def replay() -> Any:
@@ -170,6 +174,20 @@ def graphed(thunk: Callable[[], Any]) -> Callable[[], Any]:
         return out
 
     return replay
+
+
+def _end_rng_capture() -> None:
+    """After a failed capture, one trivial capture that succeeds. A capture that fails inside ends before
+    torch takes the default CUDA generator out of capture mode, and from then on every random draw on the
+    GPU raises ("Offset increment outside graph capture"); a complete capture takes it out again."""
+    try:
+        scratch = torch.zeros(1, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            scratch.add_(1.0)
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - the capture's own error is the one to report
+        pass
 
 
 def interleaved(
