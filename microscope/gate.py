@@ -16,6 +16,7 @@ import pandas as pd
 
 from microscope.config import GateConfig
 from microscope.report.fmt import case_labels
+from microscope.stats.table import TABLE_COLUMNS
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -66,8 +67,8 @@ def _candidate_rows(table: pd.DataFrame, dimension: str | tuple[str, ...], vs: s
 def _gated(rows: pd.DataFrame) -> pd.DataFrame:
     if "gated" not in rows.columns:
         return rows
-    flags = rows["gated"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
-    return rows[flags]
+    flags = rows["gated"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes")).astype(bool)
+    return rows.loc[flags]  # a boolean mask even when empty (an empty object Series would select columns)
 
 
 def _accuracy(table: pd.DataFrame, out: GateResult) -> None:
@@ -150,7 +151,8 @@ def evaluate(table: pd.DataFrame | None, records: pd.DataFrame, gate: GateConfig
     """The exit code of a run from its comparison table and records, under ``gate``."""
     gate = gate or GateConfig()
     out = GateResult(EXIT_OK)
-    table = table if table is not None else pd.DataFrame(columns=["role", "dimension", "candidate", "verdict"])
+    if table is None or not set(TABLE_COLUMNS) <= set(table.columns):  # no comparison (nothing was measured)
+        table = pd.DataFrame(columns=list(TABLE_COLUMNS))
     if gate.failed_trials:
         _failed_trials(records, out)
     if gate.accuracy:
