@@ -14,7 +14,8 @@ registry imports ``kernels/<name>/ablation.py`` for a config whose ``plugin:`` i
 config ``ablations/<name>.yaml`` beside the others (cases, dimensions, a ``profiles: {cuda: ...}`` entry
 and a ``bench`` profile of benchmark shapes); an outside plugin is any ``.py`` file named under a
 config's ``plugins:``. Model-level plugins swap parts of the embedded workload through the types
-re-exported here (``Transformer``, ``EagerAttention``, ``KVCache``, ``NormGelu``); nothing else of
+re-exported here (``Transformer``, ``EagerAttention``, ``KVCache``, ``NormGelu``, ``ConvertedLinear``
+for a quantized Linear that ``Transformer.swap_linears`` puts in); nothing else of
 ``microscope`` is part of the contract.
 
 Minimal example (see ``kernels/flash_attn/ablation.py`` for a full one)::
@@ -48,13 +49,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from microscope.workloads import EagerAttention, KVCache, NormGelu, Transformer
+from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, NormGelu, Transformer
 
 __all__ = [
     "DTYPES",
     "Ablation",
     "Arm",
     "Case",
+    "ConvertedLinear",
     "EagerAttention",
     "KVCache",
     "NormGelu",
@@ -326,6 +328,14 @@ class Ablation:
     def bytes(self, case: Case, backward: bool = False) -> float | None:
         """Minimum bytes one call must move to and from memory, for GB/s and roofline."""
         return None
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """Optional: compile, without running or timing, the GPU kernels ``case`` will use (with their
+        backward kernels where ``backward``: the run checks or times gradients), only the
+        ``shard[0]``-th of ``shard[1]`` parts (e.g. autotuning candidate ``i`` where ``i % shard[1] ==
+        shard[0]``). Before a GPU run the harness calls every shard in its own process, so candidates
+        compile side by side into Triton's on-disk cache rather than one by one in the first call.
+        ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
 
     def reference(self, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The ground truth: by default the baseline evaluated on float64 copies of the inputs."""

@@ -245,6 +245,19 @@ class Runner(RunBase):
 
             self.tensorboard = RunLogger(self.out_dir / "tensorboard")
 
+    def run(self, executor: Executor | None = None, *, resume: Resume | None = None,
+            max_wall_s: float | None = None) -> RunResult:
+        """Compile the plugin's GPU kernels for every case in parallel first (``Ablation.precompile``)."""
+        if self.device == "cuda" and not self.interpreted:
+            from microscope.precompile import precompile
+
+            dims = self.config.dimensions
+            backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
+            report = precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)
+            if report is not None:
+                self.on_progress(report.summary())
+        return super().run(executor, resume=resume, max_wall_s=max_wall_s)
+
     # -- planning -----------------------------------------------------------------------------
     def trials(self) -> Iterator[tuple[Case, int]]:
         cases = plan_cases(self.plugin, self.config)
@@ -403,6 +416,7 @@ class Runner(RunBase):
         grad_names = self._grad_names(case, self.config.dimensions.accuracy.backward)
         tol = self.plugin.tolerance_for(case)
         broken: dict[str, str] = {}
+        self.log(f"{case.id}: float64 truth")
         try:
             x64, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
             truth = {name: o.detach() for name, o in zip(output_names(outs64), outs64)}
@@ -420,6 +434,7 @@ class Runner(RunBase):
         self._accepted.setdefault(case.id, {})
         for name, variant in active:
             self.mark(name)
+            self.log(f"{case.id}: accuracy of {name}")  # a first call's compiling shows in the log's clock
             try:
                 got = accuracy.evaluate(variant, inputs, grad_names, cots)
                 synchronize(self.device)  # an asynchronous CUDA error belongs to this variant, not the next
@@ -526,7 +541,8 @@ class Runner(RunBase):
         """Seeded input sets copied into each variant's buffers call by call, and the check of timed
         outputs against each set's float64 reference (only where the accuracy dimension ran)."""
         sets = [inputs]
-        for k in range(1, cfg.input_sets):
+        wanted = self._input_sets_that_fit(case, inputs, len(buffers), cfg.input_sets)
+        for k in range(1, wanted):
             extra = self.plugin.inputs(case, generator(derive_seed(seed, "timing", k)), self.device)
             if not _same_layout(inputs, extra):
                 self.on_progress(f"{case.id}: input sets differ in shape; timing on one set")
@@ -545,7 +561,7 @@ class Runner(RunBase):
                         dst.copy_(sets[k][key])
 
         accepted = self._accepted.get(case.id, {})
-        if not cfg.check_rounds or not accepted:
+        if not cfg.check_rounds or not accepted or wanted < cfg.input_sets:  # no room for float64 truths
             return throughput.Rotation(n_sets=len(sets), load=load)
         truths: dict[int, list[torch.Tensor]] = {}
 
@@ -567,6 +583,26 @@ class Runner(RunBase):
             return None
 
         return throughput.Rotation(n_sets=len(sets), load=load, check=check, check_rounds=cfg.check_rounds)
+
+    def _input_sets_that_fit(self, case: Case, inputs: dict[str, Any], n_buffers: int, wanted: int) -> int:
+        """How many input sets to rotate: ``wanted``, or 1 where the extra sets (and their float64 truths)
+        would not fit in half of the GPU memory free now beside each variant's own buffers."""
+        if self.device != "cuda" or wanted <= 1:
+            return wanted
+        set_bytes = sum(t.numel() * t.element_size() for t in inputs.values() if isinstance(t, torch.Tensor))
+        truth_bytes = sum(t.numel() * 8 for t in inputs.values() if isinstance(t, torch.Tensor))
+        free, _ = torch.cuda.mem_get_info()
+        needed = (wanted - 1) * (set_bytes + truth_bytes)
+        if needed <= 0.5 * free:
+            return wanted
+        gib = 2.0**30
+        self.on_progress(f"{case.id}: timing on one input set (more would not fit in GPU memory)")
+        self._one_set[case.id] = (
+            f"timed on one input set: {wanted - 1} more seeded set(s) and their float64 truths need "
+            f"{needed / gib:.1f} GiB, more than half of the {free / gib:.1f} GiB free beside {n_buffers} "
+            "variants' buffers; timed calls are not checked against float64 truths, so a variant that memoizes "
+            "is not caught at this size")
+        return 1
 
     def _emit_timed_checks(self, case: Case, seed: int, name: str, variant: Variant,
                            timing: throughput.Timing) -> None:

@@ -1,0 +1,107 @@
+"""Compile a plugin's GPU kernels for every case of a run in parallel processes before anything is timed.
+
+A Triton room autotunes over many candidates, and compiling each one is most of a first call's cost: one
+after another inside the first accuracy check of each case, it takes longer than all the measuring. A
+plugin that defines ``Ablation.precompile`` gets its candidates split into shards, one per process, all
+compiled side by side into Triton's on-disk cache; the run's own process then finds every binary there
+and only benchmarks them. Failures here never stop a run: whatever did not compile compiles on first use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from microscope.api import Ablation, Case
+
+#: ``MICROSCOPE_PRECOMPILE_WORKERS=0`` turns the step off; a number sets the processes (default: CPUs - 1, <= 16).
+WORKERS_ENV = "MICROSCOPE_PRECOMPILE_WORKERS"
+#: A shard that has not finished by then is abandoned (the run compiles the rest itself).
+TIMEOUT_S = 300.0
+
+
+@dataclass
+class PrecompileReport:
+    """What the step did: processes, wall time, and each failure as one line."""
+
+    workers: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        text = f"precompiled the GPU kernels of every case in {self.workers} processes, {self.seconds:.1f} s"
+        return text + (f"; {len(self.errors)} problem(s): {self.errors[0]}" if self.errors else "")
+
+
+def defines_precompile(plugin: Ablation) -> bool:
+    """Whether the plugin overrides ``Ablation.precompile`` (the default compiles nothing)."""
+    return type(plugin).precompile is not Ablation.precompile
+
+
+def worker_count(cases: int) -> int:
+    """Processes to use: the environment's choice, else one per CPU but one (at most 16)."""
+    chosen = os.environ.get(WORKERS_ENV, "").strip()
+    if chosen:
+        try:
+            return max(0, int(chosen))
+        except ValueError:
+            return 0
+    return max(0, min(16, (os.cpu_count() or 1) - 1)) if cases else 0
+
+
+def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: bool) -> PrecompileReport | None:
+    """Run ``plugin.precompile`` for every case, shard ``i`` of ``n`` in process ``i``; None if skipped."""
+    workers = worker_count(len(cases))
+    if not cases or workers < 1 or not defines_precompile(plugin):
+        return None
+    start = time.perf_counter()
+    source = _plugin_source(plugin)
+    params = [c.params for c in cases]
+    report = PrecompileReport(workers=workers)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
+    pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        jobs = [pool.submit(_shard, plugin.name, source, params, device, (i, workers), backward) for i in range(workers)]
+        for job in futures.as_completed(jobs, timeout=TIMEOUT_S):
+            report.errors.extend(job.result())
+    except futures.TimeoutError:
+        report.errors.append(f"a shard took longer than {TIMEOUT_S:.0f} s; the run compiles the rest itself")
+    except Exception as exc:  # noqa: BLE001 - a broken pool must not stop the run
+        report.errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _plugin_source(plugin: Ablation) -> str | None:
+    """The file to import for an outside plugin; None for a built-in room (the registry finds it by name)."""
+    import inspect
+
+    module = type(plugin).__module__
+    if module.startswith("microscope_kernels."):
+        return None
+    try:
+        return inspect.getfile(type(plugin))
+    except (TypeError, OSError):
+        return None
+
+
+def _shard(name: str, source: str | None, cases: list[dict], device: str, shard: tuple[int, int],
+           backward: bool) -> list[str]:
+    """In a pool process: this shard of every case's candidates; returns one line per failure."""
+    from microscope import registry
+
+    plugin = registry.get(name, (source,) if source else ())
+    errors = []
+    for params in cases:
+        case = Case.of(**params)
+        try:
+            plugin.precompile(case, device, shard, backward)
+        except Exception as exc:  # noqa: BLE001 - reported; the run compiles on first use instead
+            errors.append(f"{case.id}: {type(exc).__name__}: {str(exc)[:200]}")
+    return errors

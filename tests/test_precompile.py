@@ -1,0 +1,61 @@
+"""The parallel precompile step: every shard of every case in its own process, failures reported, never fatal."""
+
+from __future__ import annotations
+
+import pytest
+
+from microscope import registry
+from microscope.api import grid
+from microscope.precompile import WORKERS_ENV, defines_precompile, precompile
+
+PLUGIN = '''
+import os
+from pathlib import Path
+
+from microscope.api import Ablation, Tolerance, baseline, grid, register
+
+
+@register("precompile_probe")
+class Probe(Ablation):
+    """Writes one file per (case, shard) it is asked to compile; refuses n=3."""
+
+    variants = {"base": baseline(lambda x: x)}
+    cases = grid(n=[1, 2, 3], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6)}
+
+    def inputs(self, case, gen, device):
+        raise NotImplementedError
+
+    def precompile(self, case, device, shard, backward):
+        if case["n"] == 3:
+            raise ValueError("no kernel for n=3")
+        name = f"n{case['n']}-shard{shard[0]}of{shard[1]}-{device}-{'bwd' if backward else 'fwd'}"
+        (Path(os.environ["PROBE_DIR"]) / name).touch()
+'''
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("precompile")
+    (folder / "probe_plugin.py").write_text(PLUGIN)
+    return registry.get("precompile_probe", ["probe_plugin.py"], base_dir=folder)
+
+
+def test_every_shard_of_every_case_runs_in_its_own_process_and_failures_are_reported(probe, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_DIR", str(tmp_path))
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    report = precompile(probe, probe.cases, "cuda", backward=True)
+    assert report is not None and report.workers == 2
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == [f"n{n}-shard{i}of2-cuda-bwd" for n in (1, 2) for i in (0, 1)]
+    assert len(report.errors) == 2 and all("n=3" in e and "no kernel for n=3" in e for e in report.errors)
+    assert "2 processes" in report.summary() and "2 problem(s)" in report.summary()
+
+
+def test_skipped_when_turned_off_or_when_the_plugin_compiles_nothing(probe, monkeypatch):
+    monkeypatch.setenv(WORKERS_ENV, "0")
+    assert precompile(probe, probe.cases, "cuda", backward=False) is None
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    plain = registry.get("toy_gelu", ["tests/plugins/toy.py"])
+    assert defines_precompile(probe) and not defines_precompile(plain)
+    assert precompile(plain, grid(n=[1]), "cuda", backward=False) is None
