@@ -90,7 +90,8 @@ def stage_metrics(task: str, fp16: bool) -> dict[str, list[tuple[str, str]]]:
         "generation": [("accuracy", "decode_loss"), ("accuracy", "decode_ppl"), ("accuracy", "greedy_agreement"),
                        ("memory", "kv_cache_bytes")],
         "inference": [("throughput", "prefill_tokens_per_s"), ("throughput", "decode_tokens_per_s")],
-        "memory": [("memory", "train_step_peak_bytes"), ("memory", "inference_peak_bytes")],
+        "memory": [("memory", "weight_bytes"), ("memory", "train_step_peak_bytes"),
+                   ("memory", "inference_peak_bytes")],
     }
 
 
@@ -347,20 +348,32 @@ _METHODS = {
 }
 
 
+def weight_bytes(model: Transformer) -> int:
+    """Bytes of every parameter and buffer the model holds: its weights in whatever form they are stored
+    (a quantized Linear's int8 or packed 4-bit values and their scales count, a float copy it dropped does not)."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}  # shared tensors count once
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def memory(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor], recipe: TrainRecipe, prompt: torch.Tensor,
-           decode_tokens: int, device: str, precision_ctx: AbstractContextManager[Any]) -> list[Measurement]:
-    """Peak bytes of inference (prefill + decode, under the recipe's autocast), then of one train step.
+           decode_tokens: int, device: str, precision_ctx: AbstractContextManager[Any],
+           train_step: bool = True) -> list[Measurement]:
+    """The weights' bytes, the peak bytes of inference (prefill + decode, under the recipe's autocast), then
+    of one train step (left out with ``train_step=False``: an arm that only changes inference).
 
     The train step trains ``model`` in place, so it comes last.
     """
     probe = live_tensor_peak if device == "cpu" else None
     method = _METHODS["cpu" if device == "cpu" else "cuda"]
+    measured = [_m("memory", "weight_bytes", weight_bytes(model), "bytes", _LOWER,
+                   definition="bytes of the model's parameters and buffers")]
     with precision_ctx:
         infer = peak_memory_inference(model, prompt, decode_tokens, probe=probe)
-    step = peak_memory_train_step(model, batch, recipe, probe=probe)
-    return [
-        _m("memory", "inference_peak_bytes", infer, "bytes", _LOWER, method=method,
-           prompt_shape=list(prompt.shape), new_tokens=decode_tokens),
-        _m("memory", "train_step_peak_bytes", step, "bytes", _LOWER, method=method,
-           batch_shape=list(batch[0].shape), precision=recipe.precision, checkpoint_every=recipe.checkpoint_every),
-    ]
+    measured.append(_m("memory", "inference_peak_bytes", infer, "bytes", _LOWER, method=method,
+                       prompt_shape=list(prompt.shape), new_tokens=decode_tokens))
+    if train_step:
+        step = peak_memory_train_step(model, batch, recipe, probe=probe)
+        measured.append(_m("memory", "train_step_peak_bytes", step, "bytes", _LOWER, method=method,
+                           batch_shape=list(batch[0].shape), precision=recipe.precision,
+                           checkpoint_every=recipe.checkpoint_every))
+    return measured

@@ -233,5 +233,10 @@ class Trial:
     def _memory(self) -> list[Measurement]:
         assert self.setup is not None and self.model is not None
         recipe = self.setup.recipe
+        trains = not self.arm.inference_only
+        if not trains:
+            why = "inference-only arm: it does not train, so it has no train step to measure"
+            self.emit(Measurement("memory", "train_step_peak_bytes", None, reason=why, details=dict(self.common)),
+                      "skipped")
         return memory(self.model, self._batches()(0), recipe, self._prompt(), self.workload.decode_tokens,
-                      self.device, autocast(self.device, recipe.precision))
+                      self.device, autocast(self.device, recipe.precision), train_step=trains)

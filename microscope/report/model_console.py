@@ -32,6 +32,8 @@ _COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("steps to base", "steps_to_baseline_loss", ".1f", 1.0),
     ("train tok/s", "train_tokens_per_s", ",.0f", 1.0),
     ("train peak MiB", "train_step_peak_bytes", ".2f", 2.0**-20),
+    ("weights MiB", "weight_bytes", ".2f", 2.0**-20),
+    ("greedy agree", "greedy_agreement", ".3f", 1.0),
     ("spikes", "loss_spikes", ".1f", 1.0),
     ("NaN/Inf steps", "nonfinite_steps", ".1f", 1.0),
 )

@@ -11,6 +11,7 @@ through a byte-level tokenizer. Modules, one job each:
 ``attention``   the ``attn_fn`` swap point (eager default) and RoPE
 ``kv_cache``    the replaceable KV cache
 ``model``       ``ModelConfig``, ``Transformer``, ``build_model`` (swap points listed there)
+``linear_swap`` ``ConvertedLinear``: a Linear replacement storing its weight its own way (quantized)
 ``generate``    greedy generation and teacher-forced scoring through the cache
 ``train``       ``TrainRecipe``, ``train`` -> ``TrainResult`` (per-step stability record)
 ``stability``   layer groups and the loss-spike rule
@@ -34,6 +35,7 @@ from microscope.workloads.corpus import Corpus, CorpusSpec, load_corpus
 from microscope.workloads.evaluate import EvalResult, evaluate, evaluate_suite
 from microscope.workloads.generate import CachedScore, generate_greedy, score_through_cache
 from microscope.workloads.kv_cache import KVCache
+from microscope.workloads.linear_swap import ConvertedLinear
 from microscope.workloads.memory import (
     PeakProbe,
     cuda_peak_memory,
@@ -70,6 +72,7 @@ __all__ = [
     "Block",
     "ByteTokenizer",
     "CachedScore",
+    "ConvertedLinear",
     "Corpus",
     "CorpusSpec",
     "EagerAttention",

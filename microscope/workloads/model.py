@@ -19,6 +19,8 @@ Swap points, so an ablation plugin changes exactly one thing (``patch(model, var
                             use_reentrant=False); ``model.set_checkpointing(every=k)`` sets every k-th.
 ``model.rotary``            the RoPE table module (``RotaryEmbedding``); replace for RoPE scaling.
 ``model.cache_cls``         the KV-cache class ``prefill``/``decode_step`` instantiate (``KVCache``).
+every ``nn.Linear``         the q/k/v, output, MLP and output-head projections; ``model.swap_linears(make)``
+                            replaces each with ``make(name, linear)`` (e.g. a quantized Linear).
 ==========================  ===========================================================================
 
 Weights are initialised from a CPU generator seeded by ``build_model(config, seed)``, so baseline
@@ -233,6 +235,18 @@ class Transformer(nn.Module):
             raise ValueError(f"checkpoint every must be >= 0, got {every}")
         for i, block in enumerate(self.blocks):
             block.checkpoint = every > 0 and i % every == 0
+
+    def swap_linears(self, make: Callable[[str, nn.Linear], nn.Module]) -> int:
+        """Replace every ``nn.Linear`` with ``make(qualified_name, linear)``; returns how many were replaced.
+
+        A replacement that should take trained weights later (``load_state_dict``) must accept the float
+        ``weight`` (and ``bias``) keys of the Linear it replaces.
+        """
+        found = [(name, module) for name, module in self.named_modules() if isinstance(module, nn.Linear)]
+        for name, linear in found:
+            parent_name, _, attr = name.rpartition(".")
+            setattr(self.get_submodule(parent_name) if parent_name else self, attr, make(name, linear))
+        return len(found)
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
