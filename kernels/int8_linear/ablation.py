@@ -3,6 +3,7 @@ dequant epilogue) vs the seed's per-tensor affine int8 Linear, with torch's int8
 
 Operator level: one Linear call on seeded activations; the weight is quantized once, outside the call,
 as a deployment would (``inputs`` hands every variant both the float weight and its int8 form).
+Model level: every Linear of the trained embedded model in int8, scored against the float model.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Mapping
 
 import torch
 from microscope_kernels.int8_linear.kernel import int8_linear
+from microscope_kernels.int8_linear.model_linear import use_affine_int8, use_dynamic_int8
 from microscope_kernels.int8_linear.reference import affine_linear, quantize_per_channel, quantize_rows_eager
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
 
 #: The accuracy dynamic int8 is allowed to cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. Per-token and per-channel symmetric int8 measures ~1% on Gaussian inputs.
@@ -66,6 +68,17 @@ class Int8Linear(Ablation):
         "triton": candidate(triton_int8, needs=("triton",), differentiable=False),
         "int_mm": peer(int_mm, supports=_int_mm_supports, differentiable=False),
         "linear": peer(linear, differentiable=False),
+    }
+    #: Model level: quantization after training, so the int8 arms reuse the baseline's trained weights.
+    arms = {
+        "float": Arm(Role.BASELINE, "the trained model's own Linears (bf16 under the gpu profile's autocast, "
+                                    "fp32 on CPU)"),
+        "int8_dynamic": Arm(description="every Linear int8: per-channel weights, per-token activations, "
+                                        "the Triton GEMM", patch=use_dynamic_int8, needs=("triton",),
+                            inference_only=True),
+        "int8_per_tensor": Arm(Role.PEER, "every Linear int8 the seed's way: per-tensor affine weights and "
+                                          "activations, dequantized for a float Linear",
+                               patch=use_affine_int8, inference_only=True),
     }
     # odd sizes: rows that fill no tile, N and K multiples of no block
     cases = grid(m=[1, 37], n=[129], k=[300], dtype=["fp32", "fp16", "bf16"])

@@ -24,28 +24,30 @@ QMAX = 127
 
 
 @triton.jit
-def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK_K: tl.constexpr):
-    """One program per row: absmax over the row (NaN-aware), then q = round half away from zero."""
-    row = tl.program_id(0)
+def _quantize_rows_kernel(X, Q, S, M, K, stride_x, stride_q, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """BLOCK_M rows per program: absmax per row (NaN-aware), then q = round half away from zero."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_K)
-    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-    bad = tl.zeros([BLOCK_K], dtype=tl.int32)
+    in_rows = rows[:, None] < M
+    amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    bad = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
-        mask = k0 + cols < K
-        x = tl.load(X + row * stride_x + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        mask = in_rows & (k0 + cols[None, :] < K)
+        x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
         bad += ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
-    scale = tl.max(amax, axis=0) / 127.0
-    scale = tl.where(tl.sum(bad, axis=0) > 0, float("nan"), scale)
-    inv = tl.where(scale > 0, 1.0 / tl.maximum(scale, 1e-30), 0.0)  # an all-zero row quantizes to zeros
+    scale = tl.max(amax, axis=1) / 127.0
+    scale = tl.where(tl.sum(bad, axis=1) > 0, float("nan"), scale)
+    # IEEE-rounded division as torch's (a GPU's fast reciprocal moves ties); an all-zero row quantizes to zeros
+    inv = tl.where(scale > 0, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), tl.maximum(scale, 1e-30)), 0.0)
     for k0 in range(0, K, BLOCK_K):
-        mask = k0 + cols < K
-        x = tl.load(X + row * stride_x + k0 + cols, mask=mask, other=0.0).to(tl.float32)
-        v = x * inv
+        mask = in_rows & (k0 + cols[None, :] < K)
+        x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        v = x * inv[:, None]
         q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        tl.store(Q + row * stride_q + k0 + cols, q.to(tl.int8), mask=mask)
-    tl.store(S + row, scale)
+        tl.store(Q + rows[:, None] * stride_q + k0 + cols[None, :], q.to(tl.int8), mask=mask)
+    tl.store(S + rows, scale, mask=rows < M)
 
 
 @triton.jit
@@ -87,15 +89,17 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), device=x.device, dtype=torch.int8)
     scale = torch.empty((m,), device=x.device, dtype=torch.float32)
     if m:
-        block = 64 if interpreting() else min(4096, triton.next_power_of_2(max(k, 16)))
-        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block)
+        # the interpreter pays per program, so it takes many rows at once; a GPU one row per program
+        rows, block = (32, 64) if interpreting() else (1, min(4096, triton.next_power_of_2(max(k, 16))))
+        _quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0),
+                                                       BLOCK_M=rows, BLOCK_K=block)
     return q, scale
 
 
 def _blocks(m: int, n: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps): decode-shaped M gets 16-row tiles, large M 128 x 128."""
-    if interpreting():
-        return 16, 32, 32, 4
+    if interpreting():  # large tiles: the interpreter's cost is per program and per op, not per element
+        return 32, 64, 64, 4
     if m <= 16:
         return 16, 64, 256, 4
     if m <= 64:
