@@ -65,7 +65,8 @@ def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: b
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
     pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
-        jobs = [pool.submit(_shard, plugin.name, source, params, device, (i, workers), backward) for i in range(workers)]
+        jobs = [pool.submit(_shard, plugin.name, source, params, device, (i, workers), backward)
+                for i in range(workers)]
         for job in futures.as_completed(jobs, timeout=TIMEOUT_S):
             report.errors.extend(job.result())
     except futures.TimeoutError:
