@@ -209,7 +209,8 @@ def lm_evaluation(evals: dict[str, EvalResult], val: torch.Tensor, ood: torch.Te
     vd = _eval_details(v, "val", val)
     out = [
         _m("accuracy", "val_loss", v.loss, "nats", _LOWER, per_token=v.token_losses.tolist(), margin=margin, **vd),
-        _m("accuracy", "val_ppl", v.perplexity, "", _LOWER, **vd),
+        _m("accuracy", "val_ppl", v.perplexity, "", _LOWER, margin=v.perplexity * math.expm1(margin),
+           definition="exp(val_loss)", **vd),  # the loss margin, as perplexity
         _m("accuracy", "val_token_acc", v.accuracy, "fraction", _HIGHER,
            per_token=v.token_correct.astype(np.float32).tolist(), **vd),
         _m("generalization", "ood_loss", o.loss, "nats", _LOWER, per_token=o.token_losses.tolist(),

@@ -258,7 +258,7 @@ class ToyInferenceArms(Ablation):
 
 def test_inference_only_arms_reuse_the_baseline_weights_and_show_only_the_decode_change(tmp_path):
     text = f"plugin: toy_inference_arms\nlevel: model\nseed: 1\n{WORKLOAD}"
-    cfg = cfgmod.loads(text.replace("decode_tokens: 2", "decode_tokens: 6"), "toy_inference.yaml")
+    cfg = cfgmod.loads(text.replace("decode_tokens: 2", "decode_tokens: 6\n  margin: 0.02"), "toy_inference.yaml")
     plugin = ToyInferenceArms()
     result = ModelRunner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="inf").run()
     assert not result.failed
@@ -284,6 +284,15 @@ def test_inference_only_arms_reuse_the_baseline_weights_and_show_only_the_decode
     assert changed.n == 2 * 8 * 16 and "paired-bootstrap" in changed.notes
     agreement = table[(table.metric == "greedy_agreement") & (table.candidate == "same_cache")].iloc[0]
     assert agreement.verdict != "info" and agreement.ratio_or_delta == 0  # shared weights: a real test
+    for arm in ("half_scale", "same_cache"):  # no training, so no train step to measure: skipped, not failed
+        (step,) = {r.status: r for r in _by(result, variant=arm, metric="train_step_peak_bytes")}.values()
+        assert step.status == "skipped" and "no train step" in step.reason
+        weights = _by(result, variant=arm, metric="weight_bytes")
+        assert weights and all(r.status == "ok" and r.value > 0 for r in weights)
+    ppl = _by(result, variant="base", metric="val_ppl")[0]
+    loss = _one(result, variant="base", seed=ppl.seed, metric="val_loss")
+    assert loss.details["margin"] == 0.02  # the loss margin, carried over to perplexity units
+    assert ppl.details["margin"] == pytest.approx(ppl.value * math.expm1(0.02))
 
 
 def test_inference_only_arm_fails_visibly_when_its_baseline_did_not_train(tmp_path):
