@@ -1,8 +1,10 @@
 """Plugin: a group-wise 4-bit weight-only Linear (Triton, unpacked in registers) vs the bf16 Linear it
-replaces, with dequantize-then-F.linear as the peer a user writes first.
+replaces, with dequantize-then-F.linear (the peer a user writes first) and torch's own int4 GEMM
+(``aten._weight_int4pack_mm``, where the build and case allow it) as peers.
 
 Operator level: one Linear call; the weight is quantized once, outside the call (round to nearest per
 group of ``group`` columns). Decode-shaped (M of 1-16) and prefill-shaped calls both.
+Model level: every Linear of the trained embedded model with 4-bit weights, scored against the float model.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from collections.abc import Mapping
 
 import torch
 from microscope_kernels.int4_weight_only.kernel import int4_linear
+from microscope_kernels.int4_weight_only.model_linear import int4_linears
 from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_int4
+from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
 
 #: What round-to-nearest 4-bit weights may cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. On Gaussian weights it measures 8-10% (16 levels over a group's range:
@@ -51,6 +55,16 @@ def dequant_linear(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tenso
     return torch.nn.functional.linear(x, dequantize(_weight(x, w_packed, w_scale, w_zero, group), x.dtype), bias)
 
 
+def torch_int4(x: torch.Tensor, t_packed: torch.Tensor, t_scale_zero: torch.Tensor, group: int,
+               bias: torch.Tensor, **_: object) -> torch.Tensor:
+    """torch's int4 weight-only GEMM (aten._weight_int4pack_mm) over the same 4-bit values, + bias."""
+    return int4pack_linear(x, t_packed, t_scale_zero, group, bias)
+
+
+def _torch_int4_refuses(case: Case, device: str) -> str | None:
+    return unsupported(case["n"], case["k"], case["group"], case.dtype, device)
+
+
 @register("int4_weight_only")
 class Int4WeightOnly(Ablation):
     """Group-wise 4-bit weights (round to nearest) in a Triton GEMM vs the bf16 Linear."""
@@ -59,9 +73,21 @@ class Int4WeightOnly(Ablation):
         "linear": baseline(linear, differentiable=False),
         "triton": candidate(triton_int4, needs=("triton",), differentiable=False),
         "dequant": peer(dequant_linear, differentiable=False),
+        "torch_int4": peer(torch_int4, differentiable=False, supports=_torch_int4_refuses),
     }
-    # odd sizes: K a multiple of no group (the last group is padded), N and M of no tile
-    cases = grid(m=[1, 37], n=[129], k=[300], group=[32, 128], dtype=["fp32", "fp16", "bf16"])
+    #: Model level: quantization after training, so the 4-bit arms reuse the baseline's trained weights.
+    arms = {
+        "float": Arm(Role.BASELINE, "the trained model's own Linears (bf16 under the gpu profile's autocast, "
+                                    "fp32 on CPU)"),
+        "int4_g128": Arm(description="every Linear with 4-bit weights, groups of 128 (round to nearest, Triton)",
+                         patch=int4_linears(128), needs=("triton",), inference_only=True),
+        "int4_g32": Arm(description="every Linear with 4-bit weights, groups of 32 (round to nearest, Triton)",
+                        patch=int4_linears(32), needs=("triton",), inference_only=True),
+    }
+    # odd sizes: K a multiple of no group (the last group is padded), N and M of no tile; then one
+    # shape torch's int4 op takes, so its peer is checked too
+    cases = [*grid(m=[1, 37], n=[129], k=[300], group=[32, 128], dtype=["fp32", "fp16", "bf16"]),
+             *grid(m=[5], n=[48], k=[256], group=[64], dtype=["fp32", "bf16"])]
     tolerance = {name: _budget(dtype) for name, dtype in
                  (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
 
@@ -69,9 +95,12 @@ class Int4WeightOnly(Ablation):
         m, n, k, dtype = case["m"], case["n"], case["k"], case.dtype
         weight = randn((n, k), dtype, gen, device, scale=k**-0.5)  # outputs ~N(0, 1)
         w4 = quantize_int4(weight, case["group"])
-        return {"x": randn((m, k), dtype, gen, device), "weight": weight,
-                "bias": randn((n,), dtype, gen, device, scale=0.1), "w_packed": w4.packed, "w_scale": w4.scale,
-                "w_zero": w4.zero, "group": case["group"]}
+        tensors = {"x": randn((m, k), dtype, gen, device), "weight": weight,
+                   "bias": randn((n,), dtype, gen, device, scale=0.1), "w_packed": w4.packed, "w_scale": w4.scale,
+                   "w_zero": w4.zero, "group": case["group"]}
+        if _torch_int4_refuses(case, device) is None:
+            tensors["t_packed"], tensors["t_scale_zero"] = pack(w4, dtype)
+        return tensors
 
     def reference(self, inputs: Mapping[str, object]) -> torch.Tensor:
         """The Linear on the unquantized weight (float64 here): what every variant approximates."""

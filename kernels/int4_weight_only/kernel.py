@@ -3,10 +3,15 @@
 Why: at decode (M of 1 to 16 rows) a Linear reads its whole weight to do little arithmetic with it, so
 its time is the weight's bytes over the memory bandwidth; 4-bit weights with a float32 scale and zero
 point per group of 32-128 columns are ~0.27x the bytes of bf16. Each program loads a tile of packed
-bytes, splits the low and high nibbles (columns ``2j`` and ``2j + 1``), applies its group's
-``(q - zero) * scale`` and multiplies with the activations' even and odd columns: two dot products per
-tile, no dequantized weight ever written to memory. The tile's K extent divides the group, so one scale
-and zero point per output channel cover it.
+bytes, splits the low and high nibbles and interleaves them back into column order (``2j``, ``2j + 1``),
+applies its group's ``(q - zero) * scale`` and runs one dot product with a contiguous tile of the
+activations: no dequantized weight is ever written to memory. The tile's K extent divides the group, so
+one scale and zero point per output channel cover it.
+
+Decode shapes have too few output tiles to keep every SM streaming weights, so K is split across
+programs that add their partial sums into a float32 buffer (``SPLIT_K``; atomics, so the last bits of
+a sum depend on the order the programs finish). On a GPU the tile sizes, pipeline depth, warps and split
+are autotuned per shape.
 """
 
 from __future__ import annotations
@@ -22,41 +27,78 @@ from .reference import Int4Weight
 
 
 @triton.jit
-def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_pn, stride_cm,
+def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_pn, stride_cm, M_BUCKET,
                       GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
+    """C = X @ dequant(P)^T (+ BIAS). With SPLIT_K > 1, C is a zeroed float32 buffer the programs add into."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
     j = tl.arange(0, BLOCK_K // 2)
+    tiles = KP // BLOCK_K
+    per_split = tl.cdiv(tiles, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, tiles)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, KP, BLOCK_K):
+    for t in range(first, last):
+        k0 = t * BLOCK_K
         packed = tl.load(P + rn[None, :] * stride_pn + (k0 // 2 + j)[:, None], mask=rn[None, :] < N, other=0)
+        # (BLOCK_K / 2, BLOCK_N) bytes -> (BLOCK_K, BLOCK_N) values in column order: low nibble first
+        q = tl.reshape(tl.permute(tl.join(packed & 0xF, packed >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
         scale = tl.load(S + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
         zero = tl.load(Z + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
-        w_even = ((packed & 0xF).to(tl.float32) - zero) * scale
-        w_odd = ((packed >> 4).to(tl.float32) - zero) * scale
-        cols = k0 + 2 * j
-        a_even = tl.load(X + rm[:, None] * stride_xm + cols[None, :],
-                         mask=(rm[:, None] < M) & (cols[None, :] < K), other=0.0)
-        a_odd = tl.load(X + rm[:, None] * stride_xm + cols[None, :] + 1,
-                        mask=(rm[:, None] < M) & (cols[None, :] + 1 < K), other=0.0)
-        acc = mma(a_even, w_even.to(a_even.dtype), acc, INTERPRET, IEEE)
-        acc = mma(a_odd, w_odd.to(a_odd.dtype), acc, INTERPRET, IEEE)
+        a = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                    mask=(rm[:, None] < M) & (k0 + rk[None, :] < K), other=0.0)
+        w = ((q.to(tl.float32) - zero) * scale).to(a.dtype)
+        acc = mma(a, w, acc, INTERPRET, IEEE)
     if HAS_BIAS:
-        acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if pid_k == 0:
+            acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(C + rm[:, None] * stride_cm + rn[None, :], acc.to(C.dtype.element_ty), mask=mask)
+    if SPLIT_K == 1:
+        tl.store(C + rm[:, None] * stride_cm + rn[None, :], acc.to(C.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(C + rm[:, None] * stride_cm + rn[None, :], acc, mask=mask, sem="relaxed")
 
 
-def _blocks(m: int, group: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps); BLOCK_K divides the group."""
-    if interpreting():
-        return 16, 32, min(group, 32), 4
-    if m <= 16:
-        return 16, 64, min(group, 128), 4
-    return 64, 128, min(group, 64), 8
+#: Rows up to this count take the decode path (split K, float32 buffer); more, the prefill path.
+DECODE_ROWS = 64
+
+
+def _configs(decode: bool) -> list[triton.Config]:
+    """The autotuning candidates of one path: tiles, splits of K (decode only), pipeline depth, warps."""
+    if decode:
+        shapes = [(16, bn, bk, split, 3, 4) for bn in (32, 64, 128) for bk in (32, 64, 128) for split in (1, 2, 4, 8)]
+    else:
+        shapes = [(128, bn, bk, 1, stages, warps) for bn in (64, 128) for bk in (32, 64) for stages in (3, 4)
+                  for warps in (4, 8)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_stages=stages,
+                          num_warps=warps) for bm, bn, bk, split, stages, warps in shapes]
+
+
+def _bench_candidate(kernel_call, quantiles):  # noqa: ANN001, ANN202 - triton's autotuner hook
+    """Autotuning timer: a 20 ms median tells the candidates of a microsecond kernel apart."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Tiles whose K extent divides the group (every group of ``GROUPS`` has some); splits that leave each
+    program at least two K tiles (a split of 1 always stays)."""
+    group, kp = kwargs["GROUP"], named_args["KP"]
+    return [c for c in configs if group % c.kwargs["BLOCK_K"] == 0
+            and (c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"])]
+
+
+_KEY = ["M_BUCKET", "N", "K", "GROUP"]
+_DECODE = triton.autotune(_configs(True), key=_KEY, reset_to_zero=["C"], do_bench=_bench_candidate,
+                          prune_configs_by={"early_config_prune": _prune})(_int4_gemm_kernel)
+_PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate,
+                           prune_configs_by={"early_config_prune": _prune})(_int4_gemm_kernel)
+#: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
+#: down, a split of K so the split path is exercised on CPU too.
+_INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
 
 
 def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,14 +109,26 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight.k).contiguous()
     m, n = x2.shape[0], weight.n
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0 or n == 0:
-        return out.reshape(*lead, n)
+        return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
     kp = weight.packed.shape[1] * 2
-    bm, bn, bk, warps = _blocks(m, weight.group)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _int4_gemm_kernel[grid](x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale,
-                            out, m, n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0),
-                            out.stride(0), GROUP=weight.group, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
-                            BLOCK_K=bk, INTERPRET=interpreting(), IEEE=x.dtype == torch.float32, num_warps=warps)
-    return out.reshape(*lead, n)
+    decode = m <= DECODE_ROWS
+    # the split path adds into a zeroed float32 buffer, cast to x's dtype after
+    out = (torch.zeros if decode else torch.empty)((m, n), device=x.device,
+                                                  dtype=torch.float32 if decode else x.dtype)
+    args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m, n,
+            weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
+            triton.next_power_of_2(m))
+    flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None, "IEEE": x.dtype == torch.float32}
+    if interpreting():
+        cfg = {**_INTERPRET, "BLOCK_K": min(weight.group, 64)}
+        if not decode:
+            cfg["SPLIT_K"] = 1
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
+        _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
+    else:
+        def grid(meta: dict) -> tuple[int, int, int]:
+            return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
+
+        (_DECODE if decode else _PREFILL)[grid](*args, **flags, INTERPRET=False)
+    return out.to(x.dtype).reshape(*lead, n)

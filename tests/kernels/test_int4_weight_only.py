@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
-from microscope_kernels.int4_weight_only.kernel import int4_linear
+from microscope_kernels.int4_weight_only.kernel import _configs, _prune, int4_linear
 from microscope_kernels.int4_weight_only.reference import (
     GROUPS,
     dequantize,
@@ -17,6 +17,7 @@ from microscope_kernels.int4_weight_only.reference import (
     quantize_int4,
     unpack,
 )
+from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
 from microscope.api import Role
 
@@ -92,15 +93,64 @@ def test_plugin_variants_meet_the_budget(seed):
     """Every variant on every default case, judged against the float64 Linear on the unquantized weight."""
     plugin = Int4WeightOnly()
     assert {n: v.role for n, v in plugin.variants.items()} == {"linear": Role.BASELINE, "triton": Role.CANDIDATE,
-                                                               "dequant": Role.PEER}
+                                                               "dequant": Role.PEER, "torch_int4": Role.PEER}
+    refusals = {case.id: plugin.variants["torch_int4"].supports(case, DEVICE) for case in plugin.cases}
+    assert any(r is None for r in refusals.values()), refusals  # the default grid checks the torch peer too
     for case in plugin.cases:
         inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), DEVICE)
         x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                for k, v in inputs.items()}
         truth = plugin.reference(x64)
         errors = {name: float((v.fn(**inputs).double() - truth).norm() / truth.norm())
-                  for name, v in plugin.variants.items()}
+                  for name, v in plugin.variants.items() if not (v.supports and v.supports(case, DEVICE))}
         assert errors["triton"] <= INT4_ERROR_BUDGET and errors["linear"] <= 0.01, (case.id, errors)
-        assert abs(errors["triton"] - errors["dequant"]) < 0.01, (case.id, errors)  # the same weights
+        for peer_name in set(errors) & {"dequant", "torch_int4"}:  # the same 4-bit weights
+            assert abs(errors["triton"] - errors[peer_name]) < 0.01, (case.id, errors)
         # the 4-bit weight is ~0.27x the bf16 weight's bytes
         assert plugin.bytes(case) < case["m"] * case["k"] * 4 + case["n"] * case["k"] + case["m"] * case["n"] * 4
+
+
+def _torch_int4_dtypes() -> list[torch.dtype]:
+    return [torch.bfloat16] if DEVICE == "cuda" else FLOAT_DTYPES
+
+
+@pytest.mark.parametrize("dtype", _torch_int4_dtypes(), ids=str)
+@pytest.mark.parametrize(("m", "n", "k", "group"), [(1, 16, 128, 32), (9, 48, 256, 64), (33, 64, 384, 128)],
+                         ids=str)
+def test_torch_int4_peer_computes_the_same_product(m, n, k, group, dtype, seed):
+    """torch's int4 op over the repacked weight equals the product with our dequantized weight: the
+    nibble order, the (scale, zero) layout and the float-domain zero point are all right."""
+    if (reason := unsupported(n, k, group, dtype, DEVICE)) is not None:
+        pytest.skip(reason)
+    x = _randn((m, k), seed, dtype)
+    q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
+    bias = _randn((n,), seed + 2, dtype)
+    packed, scale_zero = pack(q4, dtype)
+    got = int4pack_linear(x.reshape(1, m, k), packed, scale_zero, group, bias).reshape(m, n).double()
+    want = x.double() @ dequantize(q4, torch.float64).t() + bias.double()
+    # the op rounds scale and zero to x's dtype and dequantizes in it: a few units of x's roundoff
+    eps = torch.finfo(dtype).eps
+    scale = float(want.abs().max().clamp_min(1))
+    assert torch.allclose(got, want, rtol=4 * eps, atol=8 * eps * scale), float((got - want).abs().max())
+
+
+def test_torch_int4_peer_refuses_what_the_op_cannot_run():
+    assert "group" in unsupported(64, 256, 48, torch.float32, "cpu")
+    assert "N a multiple of 16" in unsupported(129, 256, 32, torch.float32, "cpu")
+    assert "K of 2" in unsupported(64, 257, 32, torch.float32, "cpu")
+    assert "no meta kernel" in unsupported(64, 256, 32, torch.float32, "meta")
+    assert unsupported(64, 256, 32, torch.float32, "cpu") is None
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("k", [1, 32, 300, 8192])
+def test_the_gpu_autotuner_keeps_valid_candidates_for_every_group(decode, group, k):
+    """The GPU path's autotuning candidates (the interpreter does not autotune): every group and K keeps
+    some, each with a K tile dividing the group and no split leaving a program under two K tiles."""
+    kp = -(-k // group) * group
+    kept = _prune(_configs(decode), {"KP": kp}, GROUP=group)
+    assert kept
+    assert all(group % c.kwargs["BLOCK_K"] == 0 for c in kept)
+    assert all(c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in kept)
+    assert any(c.kwargs["SPLIT_K"] == 1 for c in kept)
