@@ -2,9 +2,10 @@
 # Every kernel room's bench profile through `microscope run`, in one device call (<= BUDGET_S, 440 s):
 #   bash .ci/gpu_bench.sh
 #   EXTRA="fused_layernorm_gelu:bench,launch safe_softmax:bench,bench_bwd" bash .ci/gpu_bench.sh
-# First the GPU timing-mode tests (CUDA-graph replay, host time), then
+#   ROOMS="int8_linear int4_weight_only" FLASH_CUDA=0 TESTS="tests/kernels/test_int8_linear.py" bash .ci/gpu_bench.sh
+# First the GPU timing-mode and GPU-input tests and the flash_attn cuda profile, then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
-# for flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache, each under its own time limit;
+# for each room in ROOMS (flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache), each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
 # whose bench table is the room's figures), runs.tgz (records, comparison, groups, worker logs with the
 # start of each phase of each case), summary.txt (last).
@@ -36,8 +37,15 @@ step() {  # step NAME MAX_SECONDS COMMAND...
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
-step timing_tests 90 python3 -m pytest -q -m gpu tests/test_gpu_timing.py
-for room in flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache; do
+# TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default)
+# shellcheck disable=SC2086
+step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
+# the wall-time target: the full flash_attn cuda profile (every variant, 8 cases) in <= 60 s
+if [ "${FLASH_CUDA:-1}" = 1 ]; then
+  step flash_attn-cuda 90 python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
+    --out "$WORK/runs" --no-report --no-progress
+fi
+for room in ${ROOMS-flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache}; do
   limit=90
   [ "$room" = flash_attn ] && limit=180
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
