@@ -117,12 +117,13 @@ def _memory(table: pd.DataFrame, growth: float, out: GateResult) -> None:
         ratio = pd.to_numeric(grp["candidate_value"], errors="coerce") / pd.to_numeric(
             grp["baseline_value"], errors="coerce")
         bad = grp[ratio > 1.0 + growth]
+        metrics = ", ".join(dict.fromkeys((bad if len(bad) else grp)["metric"].astype(str)))
         if len(bad):
-            out.failures.append(f"{cand} uses more than +{growth:.0%} peak memory in "
+            out.failures.append(f"{cand} uses more than +{growth:.0%} memory ({metrics}) in "
                                 f"{bad['case_id'].nunique()}/{_cases(grp['case_id'].nunique())} "
                                 f"(up to +{float(ratio.max()) - 1:.1%})")
         else:
-            out.held.append(f"{cand} peak memory within +{growth:.0%}")
+            out.held.append(f"{cand} memory within +{growth:.0%} ({metrics})")
 
 
 def _stability(table: pd.DataFrame, out: GateResult) -> None:

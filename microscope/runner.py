@@ -32,6 +32,7 @@ from microscope.measures.calls import as_tensors, cotangents, fresh_inputs, make
 from microscope.measures.ceilings import Ceilings
 from microscope.measures.gpu_state import GpuSampler
 from microscope.seeding import derive_seed, generator, seed_everything
+from microscope.stats.metrics import INTERPRETER_MEMORY, SAVED_BYTES
 from microscope.store.records import Record
 
 if TYPE_CHECKING:
@@ -656,8 +657,27 @@ class Runner(RunBase):
                 self._emit(case, seed, name, variant, "memory", "peak_bytes", None, status="failed",
                            reason=_describe(exc))
                 continue
+            interpreted = self.interpreted and "triton" in variant.needs
+            notes = [INTERPRETER_MEMORY] if interpreted else []
             self._emit(case, seed, name, variant, "memory", "peak_bytes", peak, unit="bytes",
-                       details={"method": method, "mode": mode})
+                       details={"method": method, "mode": mode, "interpreted": interpreted, "notes": notes})
+            if grad_names and variant.differentiable:
+                self._saved_bytes(case, seed, name, variant, inputs, grad_names, notes)
+
+    def _saved_bytes(self, case: Case, seed: int, name: str, variant: Variant, inputs: dict[str, Any],
+                     grad_names: Sequence[str], notes: list[str]) -> None:
+        """What the variant's forward keeps for its backward (``memory.saved_for_backward_bytes``)."""
+        x = fresh_inputs(inputs, grad_names)
+        try:
+            saved = memory.saved_for_backward_bytes(lambda: variant.fn(**x))
+        except Exception as exc:
+            self._emit(case, seed, name, variant, "memory", SAVED_BYTES, None, status="failed",
+                       reason=_describe(exc))
+            return
+        self._emit(case, seed, name, variant, "memory", SAVED_BYTES, saved, unit="bytes",
+                   details={"method": "saved_tensors_hooks", "notes": notes, "higher_is_better": False,
+                            "definition": "bytes of the distinct storages autograd keeps for the backward, "
+                                          "saved inputs included (in a model they are activations)"})
 
 
 _MAIN_METRIC = {"accuracy": "rel_err", "throughput": "latency_ms", "memory": "peak_bytes"}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from microscope import config as cfgmod
 from microscope import registry
+from microscope.measures import memory
 from microscope.runner import Runner
 
 TOY = "tests/plugins/toy.py"
@@ -141,6 +143,16 @@ def test_cpu_peak_memory_is_measured_not_zero(toy_run):
     out_bytes = 17 * 33 * 4
     assert mem.details["method"] == "cpu_live_tensor_bytes"
     assert mem.value >= out_bytes  # forward+backward holds at least the output
+
+
+def test_saved_bytes_count_the_distinct_storages_autograd_keeps_for_the_backward(toy_run):
+    x, y = torch.randn(100, requires_grad=True), torch.randn(100, requires_grad=True)
+    assert memory.saved_for_backward_bytes(lambda: x * y) == 800  # both inputs are kept
+    assert memory.saved_for_backward_bytes(lambda: x.exp()) == 400  # its output is kept
+    assert memory.saved_for_backward_bytes(lambda: x * x) == 400  # one storage, counted once
+    assert memory.saved_for_backward_bytes(lambda: x + y) == 0  # nothing is needed
+    saved = _by(toy_run, variant="eager", metric="saved_bytes")
+    assert len(saved) == 4 and all(r.status == "ok" and r.value > 0 and r.dimension == "memory" for r in saved)
 
 
 def test_records_are_streamed_to_disk(toy_run):

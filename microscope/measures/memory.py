@@ -75,6 +75,26 @@ def peak_bytes(thunk: Callable[[], Any], device: str) -> tuple[int, str]:
     return _profiler_peak(thunk), "cpu_allocator_events"
 
 
+def saved_for_backward_bytes(forward: Callable[[], Any]) -> int:
+    """Bytes of the distinct storages autograd keeps from one ``forward`` call for its backward.
+
+    Saved inputs count too: inside a model they are activations that would otherwise be freed, which is
+    what an activation-memory claim is about (a peak measured around one operator never sees them,
+    because the caller holds its inputs anyway).
+    """
+    kept: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        kept[(t.device.type, storage.data_ptr())] = storage.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return sum(kept.values())
+
+
 @contextlib.contextmanager
 def _stderr_silenced() -> Iterator[None]:
     """Kineto logs profiler start/stop lines straight to file descriptor 2; keep them off the table."""

@@ -17,7 +17,13 @@ import numpy as np
 import pandas as pd
 
 from microscope.stats.latency import RELATIVE_LATENCY
-from microscope.stats.metrics import NOT_JUDGED, SIGNIFICANT_VERDICTS
+from microscope.stats.metrics import (
+    INTERPRETER_MEMORY,
+    INTERPRETER_TIMING,
+    NOT_JUDGED,
+    SAVED_BYTES,
+    SIGNIFICANT_VERDICTS,
+)
 
 from . import fmt
 from .load import RunData
@@ -31,8 +37,6 @@ IMPROVEMENTS = ("faster", "less", "better")
 TRIAL_VERDICTS = ("failed", "skipped")
 #: The headline of variants skipped on this device (one line, whatever their number).
 SKIPPED_DIMENSION = "not measured here"
-#: The note the statistics table puts on latency rows timed through the Triton interpreter.
-INTERPRETER_TIMING = "not gated: interpreter timing"
 #: "info" rows (TFLOP/s, GB/s, tokens/s) are derived from the latency row's calls: no headline of their own.
 _FAMILY_BY_VERDICT = {"faster": "latency", "slower": "latency", "pass": "check", "fail": "check",
                       "less": "memory", "more": "memory", "same": "memory", "better": "model",
@@ -55,6 +59,8 @@ def row_family(dimension: str, metric: str, verdict: str) -> str:
     check (pass/fail), memory, model or info."""
     if metric == RELATIVE_LATENCY:
         return "relative_latency"
+    if dimension == "memory" and metric == SAVED_BYTES:
+        return "saved_memory"
     if verdict in _FAMILY_BY_VERDICT:
         return _FAMILY_BY_VERDICT[verdict]
     if dimension == "throughput":
@@ -176,7 +182,8 @@ def _best_peer_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, 
     return text + _interpreted_note(judged), ("faster", "slower", "equivalent", "inconclusive", NOT_JUDGED)
 
 
-def _memory_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tuple[str, ...]]:
+def _memory_sentence(rows: pd.DataFrame, base: str, cand: str,
+                     what: str = "peak memory") -> tuple[str, tuple[str, ...]]:
     judged = rows[rows["verdict"] != NOT_JUDGED]
     n = len(judged)
     unit = _unit(judged if n else rows, "correct " if len(judged) < len(rows) else "", n)
@@ -187,13 +194,14 @@ def _memory_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tup
             continue
         changes = [r - 1 for r in ratios(sel) if r > 0]
         spread = fmt.span(changes, fmt.pct)
-        lead = f"{word} in" if parts else f"{cand} uses {word} peak memory than {base} in"
+        lead = f"{word} in" if parts else f"{cand} uses {word} {what} than {base} in"
         parts.append(f"{lead} {len(sel)}/{n} {unit}" + (f" ({spread})" if spread else ""))
     if not parts and n:
-        parts.append(f"{cand} vs {base}: no peak-memory difference in {n} {unit}")
+        parts.append(f"{cand} vs {base}: no {what} difference in {n} {unit}")
     if not n:
         parts.append(f"{cand} vs {base}: not judged in {len(rows)} {_unit(rows, n=len(rows))}: fails accuracy")
-    return ", ".join(parts), ("less", "more")
+    interpreted = rows["notes"].astype(str).str.contains(INTERPRETER_MEMORY, regex=False).any()
+    return ", ".join(parts) + (" (not gated: run by the Triton interpreter)" if interpreted else ""), ("less", "more")
 
 
 def _check_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, ...]]:
@@ -284,6 +292,8 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
             text, shown = _latency_sentence(rows, base, cand, relative=family == "relative_latency")
         elif family == "memory":
             text, shown = _memory_sentence(rows, base, cand)
+        elif family == "saved_memory":
+            text, shown = _memory_sentence(rows, base, cand, "memory kept for the backward")
         elif family == "check":
             text, shown = _check_sentence(rows, cand)
             if cand in unjudged:
@@ -295,6 +305,8 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         tone = _tone(counts, all_pass)
         if family in ("latency", "relative_latency", "best_peer") and INTERPRETER_TIMING in text:
             tone = "neutral"  # interpreter timing: shown, not a finding
+        if family == "memory" and "run by the Triton interpreter" in text:
+            tone = "neutral"  # the interpreter's argument copies: shown, not a finding
         if tone != "bad" and (rows["role"] == "peer").all():
             tone = "neutral"  # a peer is compared, not judged
         out.append(Headline(str(dim), text, tone, dict(counts)))

@@ -122,7 +122,7 @@ def print_verdicts(console: Console, run: RunData, gate: GateResult | None) -> N
         if (rows.get("vs", pd.Series(dtype=str)).astype(str) == "best_peer").any():
             keys.append("\u2020 the fastest correct peer of the case")
         if rows["notes"].astype(str).str.contains("interpreter").any():
-            keys.append("* interpreter timing: not gated")
+            keys.append("* run by the Triton interpreter: not gated")
         if keys:
             console.print(Text(" " + "; ".join(keys), style="dim"))
     for caveat in caveats(run):

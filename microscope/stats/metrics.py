@@ -17,6 +17,9 @@ NOT_JUDGED = "not judged"
 #: ``vs`` column: what the candidate is compared with.
 VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
 INTERPRETER_TIMING = "not gated: interpreter timing"
+#: The memory a variant's forward keeps for its backward (the runner's saved-bytes record).
+SAVED_BYTES = "saved_bytes"
+INTERPRETER_MEMORY = "not gated: the Triton interpreter copies a kernel's arguments, and its memory counts them"
 
 _LOWER_HINTS = (
     "loss",

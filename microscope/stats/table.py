@@ -60,9 +60,11 @@ from .bootstrap import DEFAULT_N_BOOT, make_rng
 from .distributions import compare_distributions
 from .latency import compare_latency
 from .metrics import (
+    INTERPRETER_MEMORY,
     INTERPRETER_TIMING,
     MEMORY_BAND,
     NOT_JUDGED,
+    SAVED_BYTES,
     SIGNIFICANT_VERDICTS,
     VS_BASELINE,
     VS_BEST_PEER,
@@ -286,7 +288,11 @@ def _memory(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, A
     ratio = _ratio(cv, bv)
     row.baseline_value, row.candidate_value, row.ratio_or_delta, row.n = bv, cv, ratio, len(cvals)
     row.verdict = memory_verdict(ratio, opts["memory_band"])
-    row.notes.append("ratio cand/base of peak memory; deterministic, no test")
+    what = "bytes kept for the backward" if row.metric == SAVED_BYTES else "peak memory"
+    row.notes.append(f"ratio cand/base of {what}; deterministic, no test")
+    if _interpreted(base) or _interpreted(cand):
+        row.gated = False
+        row.notes.append(INTERPRETER_MEMORY)
     for label, vals in (("baseline", bvals), ("candidate", cvals)):
         if vals.size and np.ptp(vals) > 0:
             row.notes.append(
