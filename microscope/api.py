@@ -66,6 +66,7 @@ __all__ = [
     "Variant",
     "baseline",
     "candidate",
+    "error_budget",
     "grid",
     "interpreting",
     "peer",
@@ -184,6 +185,18 @@ class Tolerance:
             raise ValueError("Tolerance ref_factor must be >= 1 (a variant cannot beat float64 by rule)")
         if not 0 <= self.max_mismatch < 1:
             raise ValueError("Tolerance max_mismatch is a fraction in [0, 1)")
+
+
+def error_budget(budget: float, *, rtol: float, atol: float, max_mismatch: float) -> dict[str, Tolerance]:
+    """Per-dtype tolerances (fp32, fp16, bf16) for a lossy change, such as quantization, that may cost
+    ``budget`` of norm-relative error against float64 in every dtype.
+
+    The noise-calibrated limit is ``ref_factor`` x max(baseline's error, unit roundoff), so ``ref_factor =
+    budget / unit roundoff`` admits at least the budget in each dtype; the element rule is the given
+    ``rtol``, ``atol`` and ``max_mismatch`` (say what the outputs' scale makes them mean where you call it).
+    """
+    return {name: Tolerance(rtol=rtol, atol=atol, ref_factor=budget / (torch.finfo(DTYPES[name]).eps / 2),
+                            max_mismatch=max_mismatch) for name in ("fp32", "fp16", "bf16")}
 
 
 class Role(str, enum.Enum):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 
 from microscope import api, registry
 from microscope.api import RegistrationError
@@ -141,3 +142,12 @@ def test_a_plugin_whose_constructor_raises_is_cited_at_its_line(tmp_path):
         api._REGISTERED.pop("init_raises", None)  # `microscope list` in later tests builds every plugin
     line = path.read_text().splitlines().index("        raise RuntimeError('no GPU found')") + 1
     assert str(info.value) == f"{path}:{line}: creating plugin 'init_raises' raised RuntimeError: no GPU found"
+
+
+def test_error_budget_admits_the_budget_in_every_dtype():
+    """A lossy change's budget, as tolerances: ref_factor x unit roundoff is the budget in each dtype."""
+    tolerances = api.error_budget(0.03, rtol=0.05, atol=0.02, max_mismatch=0.02)
+    assert set(tolerances) == {"fp32", "fp16", "bf16"}
+    for name, tol in tolerances.items():
+        assert tol.ref_factor * torch.finfo(api.DTYPES[name]).eps / 2 == pytest.approx(0.03)
+        assert (tol.rtol, tol.atol, tol.max_mismatch) == (0.05, 0.02, 0.02)

@@ -17,19 +17,12 @@ from microscope_kernels.int4_weight_only.model_linear import int4_linears
 from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_int4
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, error_budget, grid, peer, randn, register
 
 #: What round-to-nearest 4-bit weights may cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. On Gaussian weights it measures 8-10% (16 levels over a group's range:
 #: a step of ~1/3 of the weights' spread), more with larger groups.
 INT4_ERROR_BUDGET = 0.12
-
-
-def _budget(dtype: torch.dtype) -> Tolerance:
-    """The budget as a Tolerance (``ref_factor`` x unit roundoff admits it in every dtype); outputs are
-    ~N(0, 1) with ~0.1 of rounding error, so the element rule admits 2% of outputs beyond 0.35 + 10%."""
-    unit_roundoff = torch.finfo(dtype).eps / 2
-    return Tolerance(rtol=0.1, atol=0.35, ref_factor=INT4_ERROR_BUDGET / unit_roundoff, max_mismatch=0.02)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
@@ -88,8 +81,8 @@ class Int4WeightOnly(Ablation):
     # shape torch's int4 op takes, so its peer is checked too
     cases = [*grid(m=[1, 37], n=[129], k=[300], group=[32, 128], dtype=["fp32", "fp16", "bf16"]),
              *grid(m=[5], n=[48], k=[256], group=[64], dtype=["fp32", "bf16"])]
-    tolerance = {name: _budget(dtype) for name, dtype in
-                 (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
+    # outputs ~N(0, 1) with ~0.1 of rounding error: the element rule admits 2% beyond 0.35 + 10%
+    tolerance = error_budget(INT4_ERROR_BUDGET, rtol=0.1, atol=0.35, max_mismatch=0.02)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         m, n, k, dtype = case["m"], case["n"], case["k"], case.dtype

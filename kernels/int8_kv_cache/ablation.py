@@ -17,20 +17,12 @@ from microscope_kernels.int8_kv_cache.model_cache import Int8KVCache as ModelInt
 from microscope_kernels.int8_kv_cache.model_cache import UnfusedInt8KVCache
 from microscope_kernels.int8_kv_cache.reference import eager_decode_attention, sdpa_decode_attention
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, error_budget, grid, peer, randn, register
 
 #: The accuracy the int8 cache is allowed to cost: norm-relative error of the attention output vs
 #: the float64 truth on the unquantized cache. Symmetric int8 with per-token or per-channel scales
 #: measures ~1% on Gaussian K/V (each value is off by at most scale/2 = amax/254).
 INT8_ERROR_BUDGET = 0.03
-
-
-def _budget(dtype: torch.dtype) -> Tolerance:
-    """The error budget as a Tolerance: the noise-calibrated limit is ref_factor x max(baseline's
-    error, unit roundoff), so ref_factor = budget / unit roundoff admits at least the budget in every
-    dtype. The element rule admits 2% of outputs beyond 0.02 + 5% (outputs are averages of V, ~0.1-1)."""
-    unit_roundoff = torch.finfo(dtype).eps / 2
-    return Tolerance(rtol=0.05, atol=0.02, ref_factor=INT8_ERROR_BUDGET / unit_roundoff, max_mismatch=0.02)
 
 
 def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: object) -> torch.Tensor:
@@ -112,8 +104,8 @@ class Int8KVCache(Ablation):
     # 97 tokens: several splits under the interpreter and a partial last token block.
     cases = grid(batch=[1], heads=[2], tokens=[97], head_dim=[32], granularity=["token", "channel"],
                  dtype=["fp32", "fp16", "bf16"])
-    tolerance = {name: _budget(dtype) for name, dtype in
-                 (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
+    # outputs are averages of V (~0.1-1): the element rule admits 2% of them beyond 0.02 + 5%
+    tolerance = error_budget(INT8_ERROR_BUDGET, rtol=0.05, atol=0.02, max_mismatch=0.02)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         b, h, t, d = case["batch"], case["heads"], case["tokens"], case["head_dim"]

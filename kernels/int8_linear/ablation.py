@@ -15,18 +15,11 @@ from microscope_kernels.int8_linear.kernel import int8_linear
 from microscope_kernels.int8_linear.model_linear import use_affine_int8, use_dynamic_int8
 from microscope_kernels.int8_linear.reference import affine_linear, quantize_per_channel, quantize_rows_eager
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, error_budget, grid, peer, randn, register
 
 #: The accuracy dynamic int8 is allowed to cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. Per-token and per-channel symmetric int8 measures ~1% on Gaussian inputs.
 INT8_ERROR_BUDGET = 0.03
-
-
-def _budget(dtype: torch.dtype) -> Tolerance:
-    """The budget as a Tolerance (``ref_factor`` x unit roundoff admits it in every dtype); outputs are
-    ~N(0, 1), so the element rule admits 2% of outputs beyond 0.05 + 5%."""
-    unit_roundoff = torch.finfo(dtype).eps / 2
-    return Tolerance(rtol=0.05, atol=0.05, ref_factor=INT8_ERROR_BUDGET / unit_roundoff, max_mismatch=0.02)
 
 
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
@@ -82,8 +75,8 @@ class Int8Linear(Ablation):
     }
     # odd sizes: rows that fill no tile, N and K multiples of no block
     cases = grid(m=[1, 37], n=[129], k=[300], dtype=["fp32", "fp16", "bf16"])
-    tolerance = {name: _budget(dtype) for name, dtype in
-                 (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))}
+    # outputs ~N(0, 1): the element rule admits 2% of them beyond 0.05 + 5%
+    tolerance = error_budget(INT8_ERROR_BUDGET, rtol=0.05, atol=0.05, max_mismatch=0.02)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         m, n, k, dtype = case["m"], case["n"], case["k"], case.dtype
