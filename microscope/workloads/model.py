@@ -15,6 +15,8 @@ Swap points, so an ablation plugin changes exactly one thing (``patch(model, var
 ``block.mlp.act``           the MLP activation, a plain callable (GELU, or SiLU inside SwiGLU); with
                             ``mlp_norm=True`` a ``NormGelu`` module (LayerNorm over the hidden units,
                             then GELU) whose ``weight``/``bias`` a replacement must reuse.
+``block.mlp.glu``            SwiGLU only: ``glu(gate, up) -> hidden`` replacing ``act(gate) * up`` (a fused
+                            or activation-compressing kernel); None keeps the default.
 ``block.checkpoint``        bool: recompute this block in backward (torch.utils.checkpoint,
                             use_reentrant=False); ``model.set_checkpointing(every=k)`` sets every k-th.
 ``model.rotary``            the RoPE table module (``RotaryEmbedding``); replace for RoPE scaling.
@@ -184,9 +186,13 @@ class MLP(nn.Module):
         self.act: Callable[[torch.Tensor], torch.Tensor] = F.silu if cfg.mlp == "swiglu" else F.gelu
         if cfg.mlp_norm:
             self.act = NormGelu(hidden, cfg.norm_eps)
+        #: SwiGLU only: ``glu(gate, up) -> hidden`` in place of ``act(gate) * up`` (None: that default)
+        self.glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
+            if self.glu is not None:
+                return self.down(self.glu(self.gate(x), self.up(x)))
             return self.down(self.act(self.gate(x)) * self.up(x))
         return self.down(self.act(self.up(x)))
 
