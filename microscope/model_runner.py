@@ -31,6 +31,7 @@ from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
 from microscope.runner import INSTRUMENTS_GROUP, INTERPRETER_NOTE, RunBase, _describe, skip_reason
+from microscope.stats.metrics import INTERPRETER_MEMORY
 from microscope.stats.sequential import SequentialPlan, undecided
 from microscope.store.records import Record
 
@@ -89,6 +90,10 @@ class ModelRunner(RunBase):
     def _emit(self, seed: int, name: str, arm: Arm, m: Measurement, status: str | None) -> None:
         if status is None:
             status = "failed" if m.value is None else "ok"
+        if m.dimension == "memory" and self.interpreted and "triton" in arm.needs:
+            # the interpreter copies each kernel's arguments, and the memory figures count those copies
+            notes = [*m.details.get("notes", []), INTERPRETER_MEMORY]
+            m.details = {**m.details, "interpreted": True, "notes": notes}
         record = Record(
             run_id=self.run_id, plugin=self.plugin.name, variant=name, role=arm.role.value,
             case_id=self.case.id, case=self.case.params, seed=seed, dimension=m.dimension, metric=m.metric,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 GROUPS = (32, 64, 128)
+#: GPTQ's lazy-update block: columns within it update each other at once, later columns once per block.
+GPTQ_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,7 @@ class Int4Weight:
         return int(self.packed.numel() + 4 * self.scale.numel() + 4 * self.zero.numel())
 
 
-def quantize_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
-    """Round-to-nearest group-wise asymmetric 4-bit quantization of a (N, K) weight."""
+def _check(weight: torch.Tensor, group: int) -> None:
     if group not in GROUPS:
         raise ValueError(f"group {group}: one of {', '.join(map(str, GROUPS))}")
     if weight.dim() != 2:
@@ -45,20 +46,85 @@ def quantize_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
     if not torch.isfinite(weight).all():
         raise ValueError(f"the weight holds {int((~torch.isfinite(weight)).sum())} NaN/Inf value(s); "
                          "4-bit quantization needs finite values")
+
+
+def _padded(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """The weight in float32, K padded with zeros to a whole number of groups."""
     n, k = weight.shape
     kp = -(-max(k, 1) // group) * group
     w = torch.zeros((n, kp), device=weight.device, dtype=torch.float32)
     w[:, :k] = weight.float()
-    groups = w.view(n, kp // group, group)
-    lo = groups.amin(dim=-1).clamp(max=0.0)
-    hi = groups.amax(dim=-1).clamp(min=0.0)
+    return w
+
+
+def group_params(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero point) per row of ``values`` (..., group): the 16 levels cover [min, max] with 0 inside."""
+    lo = values.amin(dim=-1).clamp(max=0.0)
+    hi = values.amax(dim=-1).clamp(min=0.0)
     scale = (hi - lo) / 15.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zero = torch.clamp(torch.floor(-lo / scale + 0.5), 0, 15)
-    q = torch.clamp(torch.floor(groups / scale[..., None] + 0.5) + zero[..., None], 0, 15).to(torch.uint8)
-    q = q.view(n, kp)
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-    return Int4Weight(packed, scale.contiguous(), zero.contiguous(), k, group)
+    return scale, torch.clamp(torch.floor(-lo / scale + 0.5), 0, 15)
+
+
+def round_to_levels(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """The 4-bit values (float, 0..15) of ``values`` under per-row ``scale`` and ``zero``."""
+    return torch.clamp(torch.floor(values / scale[..., None] + 0.5) + zero[..., None], 0, 15)
+
+
+def _packed(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: int, group: int) -> Int4Weight:
+    q = q.to(torch.uint8)
+    return Int4Weight((q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale.contiguous(), zero.contiguous(), k, group)
+
+
+def quantize_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
+    """Round-to-nearest group-wise asymmetric 4-bit quantization of a (N, K) weight."""
+    _check(weight, group)
+    w = _padded(weight, group)
+    n, kp = w.shape
+    groups = w.view(n, kp // group, group)
+    scale, zero = group_params(groups)
+    return _packed(round_to_levels(groups, scale, zero).view(n, kp), scale, zero, weight.shape[1], group)
+
+
+def quantize_gptq(weight: torch.Tensor, calibration: torch.Tensor, group: int = 128,
+                  damp: float = 0.01) -> Int4Weight:
+    """GPTQ-style 4-bit quantization: columns in order, each one's rounding error spread over the columns
+    not yet quantized, weighted by the inverse Hessian ``H = X^T X`` of calibration activations X (n, K).
+
+    Same layout as ``quantize_int4``; each group's scale and zero point come from its columns as updated
+    when the group is reached. ``damp`` x mean(diag H) is added to the diagonal (dead input channels
+    get 1), so a rank-deficient calibration set still factorizes.
+    """
+    _check(weight, group)
+    if calibration.dim() != 2 or calibration.shape[1] != weight.shape[1]:
+        raise ValueError(f"calibration activations must be (n, K={weight.shape[1]}), got {tuple(calibration.shape)}")
+    w = _padded(weight, group)
+    n, kp = w.shape
+    x = torch.zeros((calibration.shape[0], kp), device=w.device, dtype=torch.float32)
+    x[:, : weight.shape[1]] = calibration.float()
+    h = x.t() @ x / max(1, x.shape[0])
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    h += damp * torch.diagonal(h).mean() * torch.eye(kp, device=w.device)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.empty_like(w)
+    scales = torch.empty((n, kp // group), device=w.device)
+    zeros = torch.empty_like(scales)
+    block = max(group, GPTQ_BLOCK)  # a whole number of groups: a group's columns are in one block
+    for b0 in range(0, kp, block):
+        b1 = min(b0 + block, kp)
+        wb, ub = w[:, b0:b1], u[b0:b1, b0:b1]
+        errors = torch.empty_like(wb)
+        for j in range(b1 - b0):
+            g = (b0 + j) // group
+            if (b0 + j) % group == 0:
+                scales[:, g], zeros[:, g] = group_params(wb[:, j : j + group])
+            q[:, b0 + j] = round_to_levels(wb[:, j : j + 1], scales[:, g], zeros[:, g])[:, 0]
+            errors[:, j] = (wb[:, j] - (q[:, b0 + j] - zeros[:, g]) * scales[:, g]) / ub[j, j]
+            wb[:, j + 1 :] -= errors[:, j : j + 1] * ub[j : j + 1, j + 1 :]
+        w[:, b1:] -= errors @ u[b0:b1, b1:]  # the block's errors reach the later columns in one product
+    return _packed(q, scales, zeros, weight.shape[1], group)
 
 
 def unpack(weight: Int4Weight) -> torch.Tensor:
