@@ -326,3 +326,38 @@ def test_timed_calls_that_cannot_rotate_input_sets_say_so_in_their_records(tmp_p
     (lat,) = _by(result, variant="same", metric="latency_ms")
     assert lat.details["input_sets"] == 1
     assert any("timed on one input set" in n and "plain tensors" in n for n in lat.details["notes"])
+
+
+NON_DIFFERENTIABLE = '''
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+@register("inference_kernel_probe")
+class Probe(Ablation):
+    """A differentiable baseline and an inference-only candidate of the same math."""
+
+    variants = {"base": baseline(lambda x: torch.tanh(x)),
+                "inference": candidate(lambda x: torch.tanh(x.detach()), differentiable=False)}
+    cases = grid(n=[33], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+
+    def grad_inputs(self, case):
+        return ("x",)
+'''
+
+
+def test_a_non_differentiable_variant_owes_only_its_outputs_when_gradients_are_checked(tmp_path):
+    (tmp_path / "probe.py").write_text(NON_DIFFERENTIABLE)
+    text = ("plugin: inference_kernel_probe\nplugins: [probe.py]\ndimensions:\n  accuracy: {backward: true}\n"
+            "  throughput: {warmup: 1, rounds: 3, reps: 1}\n  memory: {enabled: false}\n")
+    cfg = cfgmod.loads(text, str(tmp_path / "probe.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="probe").run()
+    assert not [r for r in result.records if r.status == "failed"]
+    assert {r.metric for r in _by(result, variant="inference", dimension="accuracy")} == {"out.rel_err",
+                                                                                       "timed_calls.ok"}
+    assert {"out.rel_err", "grad_x.rel_err"} <= {r.metric for r in _by(result, variant="base", dimension="accuracy")}
