@@ -664,10 +664,10 @@ class Runner(RunBase):
             self._emit(case, seed, name, variant, "memory", "peak_bytes", peak, unit="bytes",
                        details={"method": method, "mode": mode, "interpreted": interpreted, "notes": notes})
             if grad_names and variant.differentiable:
-                self._saved_bytes(case, seed, name, variant, inputs, grad_names, notes)
+                self._saved_bytes(case, seed, name, variant, inputs, grad_names)
 
     def _saved_bytes(self, case: Case, seed: int, name: str, variant: Variant, inputs: dict[str, Any],
-                     grad_names: Sequence[str], notes: list[str]) -> None:
+                     grad_names: Sequence[str]) -> None:
         """What the variant's forward keeps for its backward (``memory.saved_for_backward_bytes``)."""
         x = fresh_inputs(inputs, grad_names)
         try:
@@ -677,7 +677,7 @@ class Runner(RunBase):
                        reason=_describe(exc))
             return
         self._emit(case, seed, name, variant, "memory", SAVED_BYTES, saved, unit="bytes",
-                   details={"method": "saved_tensors_hooks", "notes": notes, "higher_is_better": False,
+                   details={"method": "saved_tensors_hooks", "higher_is_better": False,
                             "definition": "bytes of the distinct storages autograd keeps for the backward, "
                                           "saved inputs included (in a model they are activations)"})
 
