@@ -361,3 +361,12 @@ def test_a_non_differentiable_variant_owes_only_its_outputs_when_gradients_are_c
     assert {r.metric for r in _by(result, variant="inference", dimension="accuracy")} == {"out.rel_err",
                                                                                        "timed_calls.ok"}
     assert {"out.rel_err", "grad_x.rel_err"} <= {r.metric for r in _by(result, variant="base", dimension="accuracy")}
+
+
+def test_cpu_peak_counts_allocations_not_views_of_existing_tensors():
+    """A Linear's ``weight.t()`` and an input's ``view`` allocate nothing: only the output is counted."""
+    w, x = torch.randn(256, 256), torch.randn(8, 256)
+    peak, method = memory.peak_bytes(lambda: torch.nn.functional.linear(x, w), "cpu")
+    assert method == "cpu_live_tensor_bytes" and peak == 8 * 256 * 4
+    assert memory.peak_bytes(lambda: x.view(-1), "cpu")[0] == 0
+    assert memory.peak_bytes(lambda: (x * 2).t().contiguous(), "cpu")[0] == 2 * 8 * 256 * 4  # both live at once

@@ -34,11 +34,15 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
+        # an output on an argument's storage is a view (w.t(), x.view(...)) or an in-place result: nothing
+        # was allocated, and counting it would charge tensors that existed before the call (weights, inputs)
+        given = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
+                 if isinstance(a, torch.Tensor) and a.device.type == "cpu"}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
-                if ptr and ptr not in self._live:
+                if ptr and ptr not in self._live and ptr not in given:
                     self._live[ptr] = storage.nbytes()
                     self.current += storage.nbytes()
                     self.peak = max(self.peak, self.current)
