@@ -306,7 +306,7 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         if family in ("latency", "relative_latency", "best_peer") and INTERPRETER_TIMING in text:
             tone = "neutral"  # interpreter timing: shown, not a finding
         if family == "memory" and "run by the Triton interpreter" in text:
-            tone = "neutral"  # the interpreter's argument copies: shown, not a finding
+            tone = "neutral"  # the interpreter's memory, not the kernel's: shown, not a finding
         if tone != "bad" and (rows["role"] == "peer").all():
             tone = "neutral"  # a peer is compared, not judged
         out.append(Headline(str(dim), text, tone, dict(counts)))

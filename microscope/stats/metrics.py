@@ -19,7 +19,7 @@ VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
 INTERPRETER_TIMING = "not gated: interpreter timing"
 #: The memory a variant's forward keeps for its backward (the runner's saved-bytes record).
 SAVED_BYTES = "saved_bytes"
-INTERPRETER_MEMORY = "not gated: the Triton interpreter copies a kernel's arguments, and its memory counts them"
+INTERPRETER_MEMORY = "not gated: run by the Triton interpreter, whose memory use is not the compiled kernel's"
 
 _LOWER_HINTS = (
     "loss",
