@@ -9,7 +9,6 @@ and only benchmarks them. Failures here never stop a run: whatever did not compi
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import multiprocessing
 import os
 import time
@@ -63,18 +62,20 @@ def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: b
     params = [c.params for c in cases]
     report = PrecompileReport(workers=workers)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
-    pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = context.Pool(workers)
     try:
-        jobs = [pool.submit(_shard, plugin.name, source, params, device, (i, workers), backward)
+        jobs = [pool.apply_async(_shard, (plugin.name, source, params, device, (i, workers), backward))
                 for i in range(workers)]
-        for job in futures.as_completed(jobs, timeout=TIMEOUT_S):
-            report.errors.extend(job.result())
-    except futures.TimeoutError:
+        deadline = time.monotonic() + TIMEOUT_S
+        for job in jobs:
+            report.errors.extend(job.get(timeout=max(0.0, deadline - time.monotonic())))
+    except multiprocessing.TimeoutError:
         report.errors.append(f"a shard took longer than {TIMEOUT_S:.0f} s; the run compiles the rest itself")
     except Exception as exc:  # noqa: BLE001 - a broken pool must not stop the run
         report.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.terminate()  # no compile may go on beside the timed calls
+        pool.join()
     report.seconds = time.perf_counter() - start
     return report
 
