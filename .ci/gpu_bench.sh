@@ -3,6 +3,7 @@
 #   bash .ci/gpu_bench.sh
 #   EXTRA="fused_layernorm_gelu:bench,launch safe_softmax:bench,bench_bwd" bash .ci/gpu_bench.sh
 #   ROOMS="int8_linear int4_weight_only" FLASH_CUDA=0 TESTS="tests/kernels/test_int8_linear.py" bash .ci/gpu_bench.sh
+#   the compression catalogue: ROOMS="int8_linear int4_weight_only act_compression_8bit binarize_ste magnitude_sparsity"
 # First the GPU timing-mode and GPU-input tests and the flash_attn cuda profile, then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache), each under its own time limit;
