@@ -13,40 +13,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 
 from microscope.api import interpreting
 
 from .reference import QMAX
-
-
-@triton.jit
-def _absmax_scale(X, rows, in_rows, C, stride, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Per row: absmax / 127, NaN where the row holds NaN/Inf."""
-    cols = tl.arange(0, BLOCK_C)
-    amax = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
-    bad = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.int32)
-    for c0 in range(0, C, BLOCK_C):
-        mask = in_rows & (c0 + cols[None, :] < C)
-        x = tl.load(X + rows[:, None] * stride + c0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-        bad += ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
-    scale = tl.max(amax, axis=1) / 127.0
-    return tl.where(tl.sum(bad, axis=1) > 0, float("nan"), scale)
-
-
-@triton.jit
-def _quantized(x, inv):
-    """int8 of x * inv, rounded half away from zero; NaN/Inf (their row's scale is NaN) become 0."""
-    v = x * inv[:, None]
-    v = tl.where((v != v) | (tl.abs(v) == float("inf")), 0.0, v)
-    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
-    return tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int8)
-
-
-@triton.jit
-def _inverse(scale):
-    one = tl.full(scale.shape, 1.0, tl.float32)
-    return tl.where(scale > 0, tl.div_rn(one, tl.maximum(scale, 1e-30)), 0.0)  # IEEE, as torch's 1 / scale
 
 
 @triton.jit
@@ -57,9 +28,9 @@ def _swiglu_fwd_kernel(G, U, H, QG, SG, QU, SU, R, C, SAVE: tl.constexpr, BLOCK_
     in_rows = rows[:, None] < R
     cols = tl.arange(0, BLOCK_C)
     if SAVE:
-        sg = _absmax_scale(G, rows, in_rows, C, C, BLOCK_M, BLOCK_C)
-        su = _absmax_scale(U, rows, in_rows, C, C, BLOCK_M, BLOCK_C)
-        inv_g, inv_u = _inverse(sg), _inverse(su)
+        sg = absmax_scale(G, rows, in_rows, C, C, BLOCK_M, BLOCK_C)
+        su = absmax_scale(U, rows, in_rows, C, C, BLOCK_M, BLOCK_C)
+        inv_g, inv_u = inverse(sg), inverse(su)
         tl.store(SG + rows, sg, mask=rows < R)
         tl.store(SU + rows, su, mask=rows < R)
     for c0 in range(0, C, BLOCK_C):
@@ -70,8 +41,8 @@ def _swiglu_fwd_kernel(G, U, H, QG, SG, QU, SU, R, C, SAVE: tl.constexpr, BLOCK_
         h = g * tl.sigmoid(g) * u
         tl.store(H + at, h.to(H.dtype.element_ty), mask=mask)
         if SAVE:
-            tl.store(QG + at, _quantized(g, inv_g), mask=mask)
-            tl.store(QU + at, _quantized(u, inv_u), mask=mask)
+            tl.store(QG + at, quantized(g, inv_g), mask=mask)
+            tl.store(QU + at, quantized(u, inv_u), mask=mask)
 
 
 @triton.jit

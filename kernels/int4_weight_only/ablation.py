@@ -65,8 +65,8 @@ def triton_gptq(x: torch.Tensor, g_packed: torch.Tensor, g_scale: torch.Tensor, 
 #: Rank of the activations' shared part: real activations are correlated across channels, which is
 #: what an error-compensating quantizer uses (on independent channels GPTQ is round to nearest).
 MIX_RANK = 8
-#: Calibration rows for GPTQ's Hessian: twice K, within [256, 4096].
 def calibration_rows(k: int) -> int:
+    """Calibration rows for GPTQ's Hessian: twice K, within [256, 4096]."""
     return min(4096, max(256, 2 * k))
 
 

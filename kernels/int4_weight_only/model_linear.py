@@ -8,6 +8,7 @@ its packed 4-bit form with the per-group scales and zero points is kept.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from microscope.api import ConvertedLinear, Transformer
 
@@ -18,7 +19,9 @@ from .reference import Int4Weight, quantize_int4
 class Int4Linear(ConvertedLinear):
     """A Linear with a group-wise 4-bit weight, applied by the Triton GEMM."""
 
-    group = 128
+    def __init__(self, linear: nn.Linear, group: int = 128) -> None:
+        self.group = group  # a plain attribute, set before ``convert`` runs in the base constructor
+        super().__init__(linear)
 
     def convert(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w4 = quantize_int4(weight, self.group)
@@ -35,14 +38,8 @@ class Int4Linear(ConvertedLinear):
 def int4_linears(group: int):  # noqa: ANN201 - an Arm patch
     """A patch putting ``Int4Linear`` with this group size in place of every Linear of the model."""
 
-    class Grouped(Int4Linear):
-        pass
-
-    Grouped.group = group
-    Grouped.__name__ = f"Int4Linear{group}"
-
     def patch(model: Transformer) -> None:
-        model.swap_linears(lambda _name, linear: Grouped(linear))
+        model.swap_linears(lambda _name, linear: Int4Linear(linear, group))
 
     patch.__doc__ = f"Every Linear with round-to-nearest 4-bit weights in groups of {group} (Triton GEMM)."
     return patch

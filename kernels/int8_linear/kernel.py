@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 
 from microscope.api import interpreting
 
@@ -29,24 +30,12 @@ def _quantize_rows_kernel(X, Q, S, M, K, stride_x, stride_q, BLOCK_M: tl.constex
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_K)
     in_rows = rows[:, None] < M
-    amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    bad = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
+    scale = absmax_scale(X, rows, in_rows, K, stride_x, BLOCK_M, BLOCK_K)
+    inv = inverse(scale)
     for k0 in range(0, K, BLOCK_K):
         mask = in_rows & (k0 + cols[None, :] < K)
         x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-        bad += ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
-    scale = tl.max(amax, axis=1) / 127.0
-    scale = tl.where(tl.sum(bad, axis=1) > 0, float("nan"), scale)
-    # IEEE-rounded division as torch's (a GPU's fast reciprocal moves ties); an all-zero row quantizes to zeros
-    inv = tl.where(scale > 0, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), tl.maximum(scale, 1e-30)), 0.0)
-    for k0 in range(0, K, BLOCK_K):
-        mask = in_rows & (k0 + cols[None, :] < K)
-        x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        v = x * inv[:, None]
-        q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(-v + 0.5))
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        tl.store(Q + rows[:, None] * stride_q + k0 + cols[None, :], q.to(tl.int8), mask=mask)
+        tl.store(Q + rows[:, None] * stride_q + k0 + cols[None, :], quantized(x, inv), mask=mask)
     tl.store(S + rows, scale, mask=rows < M)
 
 
