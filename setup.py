@@ -13,5 +13,5 @@ rooms = ["microscope_kernels" + name[len("kernels"):] for name in find_packages(
 setup(
     packages=harness + rooms,
     package_dir={"microscope_kernels": "kernels"},
-    package_data={"microscope": ["report/templates/*"]},
+    package_data={"microscope": ["report/templates/*"], "microscope_kernels.flash_attn": ["tuned/*.json"]},
 )

@@ -24,7 +24,8 @@ Backward (FA2): ``delta = rowsum(dO * O)``; one kernel per ``BLOCK_N`` keys accu
     log-sum-exp, so nothing of size Sq x Sk is ever stored, and neither needs atomics.
 
 On a GPU every kernel is autotuned over tile sizes, pipeline depth, warps and those two options, keyed on the
-power-of-two buckets of Sq and Sk, the head dim, causal, whole tiles, the dtype and the load path. Knobs:
+power-of-two buckets of Sq and Sk, the head dim, causal, whole tiles, the dtype and the load path, except
+where a tuned table for this GPU and Triton (``tuned.py``, ``tuned/*.json``) lists the key. Knobs:
 ``MICROSCOPE_FLASH_TMA=0/1`` forces pointer or TMA loads (default: TMA for fp16/bf16 on sm_90+), and
 ``MICROSCOPE_FLASH_NO=WARP_SPEC,LAZY`` drops candidates using those features. Under the Triton interpreter a
 fixed small configuration is used instead, and dot operands are rounded to their storage dtype and then
@@ -34,6 +35,7 @@ a bf16 tensor-core dot with fp32 accumulation.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 from typing import NamedTuple
@@ -45,6 +47,8 @@ from microscope_kernels.fp32_dot import mma as _mma
 
 from microscope.api import interpreting
 
+from . import tuned
+
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "TUNERS",
@@ -55,6 +59,7 @@ __all__ = [
     "tuned_configs",
 ]
 
+_LOG = logging.getLogger(__name__)
 #: Head dims the kernels are built and tuned for.
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 
@@ -563,11 +568,44 @@ _DKDV = _autotuned(_attn_bwd_dkdv, ("BLOCK_N", "BLOCK_M"), ("WARP_SPEC",), _PRUN
 _DQ = _autotuned(_attn_bwd_dq, ("BLOCK_M", "BLOCK_N"), ("WARP_SPEC",), _PRUNE_DQ, _KEY)
 #: The autotuners by kernel, for reports (each has ``.cache``: key -> chosen config).
 TUNERS = {"fwd": _FWD, "bwd_dkdv": _DKDV, "bwd_dq": _DQ}
+_PRUNES = {_FWD: _PRUNE_FWD, _DKDV: _PRUNE_DKDV, _DQ: _PRUNE_DQ}
+#: Per table key: the tuned table's configuration where today's pruning keeps it, else None (autotune).
+_FROM_TABLE: dict[str, triton.Config | None] = {}
+#: Table keys whose autotuned choice this process already offered to ``tuned.record``.
+_RECORDED: set[str] = set()
 
 
-def tuned_configs() -> dict[str, dict[tuple, str]]:
-    """The configuration each autotuner chose, per tuning key (empty under the interpreter)."""
-    return {name: {key: str(cfg) for key, cfg in tuner.cache.items()} for name, tuner in TUNERS.items()}
+def tuned_configs() -> dict[str, dict[object, str]]:
+    """The configuration used per tuning key: the autotuners' choices, and the tuned table's entries
+    (by table key) where a table served (empty under the interpreter)."""
+    chosen = {name: {key: str(cfg) for key, cfg in tuner.cache.items()} for name, tuner in TUNERS.items()}
+    for name, tuner in TUNERS.items():
+        prefix = tuner.fn.__name__ + "|"
+        chosen[name].update({key: str(cfg) for key, cfg in _FROM_TABLE.items()
+                             if cfg is not None and key.startswith(prefix)})
+    return chosen
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+def _candidates(tuner, args: tuple, kwargs: dict) -> list[triton.Config]:
+    """The autotuning candidates the pruning keeps for these launch arguments."""
+    return _PRUNES[tuner](tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)
+
+
+def _table_config(tuner, args: tuple, kwargs: dict, key: str) -> triton.Config | None:
+    """The tuned table's candidate for ``key``, if a table lists one that is still a candidate here."""
+    if key not in _FROM_TABLE:
+        if not _FROM_TABLE:
+            _LOG.info("flash_attn: %s", tuned.describe(_device_name(args[0].device)))
+        listed = tuned.lookup(_device_name(args[0].device), key)
+        _FROM_TABLE[key] = None if listed is None else next(
+            (c for c in _candidates(tuner, args, kwargs)
+             if (c.kwargs, c.num_warps, c.num_stages, c.maxnreg)
+             == (listed.kwargs, listed.num_warps, listed.num_stages, listed.maxnreg)), None)
+    return _FROM_TABLE[key]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -613,13 +651,22 @@ def _unmasked(common: dict, along: str) -> dict:
 
 
 def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> None:
-    """Launch through the autotuner on a GPU, or with the fixed small configuration under the interpreter."""
+    """Launch with the tuned table's configuration where it lists this key, else through the autotuner (and
+    offer its choice to ``tuned.record``); under the interpreter, with the fixed small configuration."""
     if interpreting():
         tuner.fn[grid](*args, **kwargs, **interpret_config)
-    else:
-        if kwargs["USE_TMA"]:
-            _set_tma_allocator()
-        tuner[grid](*args, **kwargs)
+        return
+    if kwargs["USE_TMA"]:
+        _set_tma_allocator()
+    key = tuned.table_key(tuner.fn.__name__, kwargs, args[0].dtype)
+    cfg = _table_config(tuner, args, kwargs, key)
+    if cfg is not None:
+        tuner.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+        return
+    tuner[grid](*args, **kwargs)
+    if key not in _RECORDED:
+        _RECORDED.add(key)
+        tuned.record(_device_name(args[0].device), key, tuner.best_config)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -717,7 +764,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = True,
                shard: tuple[int, int] = (0, 1), launch: bool = False) -> list[tuple[str, str, str]]:
-    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal`` and the load path.
+    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal`` and the load path (only
+    the tuned table's configuration where it lists the key: ``tuned.py``).
 
     Compiling is most of a first call's cost. A benchmark can spread this over worker processes (candidate
     ``i`` goes to shard ``i % count``) so that the autotuner later finds every binary in Triton's on-disk
@@ -739,12 +787,12 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
     by_key = lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * heads)  # noqa: E731
     dkdv_args = (q, k, v, o, torch.zeros_like(k), torch.zeros_like(v), lse, lse, 0.125)
     dq_args = (q, k, v, o, torch.zeros_like(q), lse, lse, 0.125)
-    launches = [(_FWD, _PRUNE_FWD, (q, k, v, o, lse, 0.125), _unmasked(common, "Sk"), by_query)]
+    launches = [(_FWD, (q, k, v, o, lse, 0.125), _unmasked(common, "Sk"), by_query)]
     if backward:
-        launches += [(_DKDV, _PRUNE_DKDV, dkdv_args, _unmasked(common, "Sq"), by_key),
-                     (_DQ, _PRUNE_DQ, dq_args, _unmasked(common, "Sk"), by_query)]
-    candidates = [(tuner, args, kwargs, grid, cfg) for tuner, prune, args, kwargs, grid in launches
-                  for cfg in prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)]
+        launches += [(_DKDV, dkdv_args, _unmasked(common, "Sq"), by_key),
+                     (_DQ, dq_args, _unmasked(common, "Sk"), by_query)]
+    candidates = [(tuner, args, kwargs, grid, cfg) for tuner, args, kwargs, grid in launches
+                  for cfg in _to_compile(tuner, args, kwargs)]
     index, count = shard
     failures = []
     for tuner, args, kwargs, grid, cfg in candidates[index::count]:
@@ -760,6 +808,13 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
     return failures
 
 
+def _to_compile(tuner, args: tuple, kwargs: dict) -> list[triton.Config]:
+    """The tuned table's configuration where it lists this key, else every autotuning candidate."""
+    cfg = _table_config(tuner, args, kwargs, tuned.table_key(tuner.fn.__name__, kwargs, args[0].dtype))
+    return [cfg] if cfg is not None else _candidates(tuner, args, kwargs)
+
+
 def skip_candidate(kernel_name: str, config: str) -> None:
     """Leave a candidate (as ``precompile`` reported it) out of this process's autotuning from now on."""
     _UNBUILDABLE.add((kernel_name, config))
+    _FROM_TABLE.clear()
