@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from microscope_kernels.int8_linear.kernel import int8_linear
+from microscope_kernels.int8_linear.kernel import int8_gemm, int8_linear
 from microscope_kernels.int8_linear.model_linear import use_affine_int8, use_dynamic_int8
 from microscope_kernels.int8_linear.reference import affine_linear, quantize_per_channel, quantize_rows_eager
 
@@ -28,15 +28,20 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, **_: objec
 
 
 def triton_int8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor,
-                **_: object) -> torch.Tensor:
-    """One Triton quantize pass (per token) and one int8 x int8 -> int32 GEMM, dequant and bias fused."""
+                x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    """One Triton quantize pass (per token) and one int8 x int8 -> int32 GEMM, dequant and bias fused; the
+    GEMM alone where the case hands over quantized activations (``stage: gemm``)."""
+    if x_q is not None:
+        return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype)
     return int8_linear(x, w_q, w_scale, bias)
 
 
 def int_mm(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor,
-           **_: object) -> torch.Tensor:
-    """The same scheme with torch's pieces: eager per-token quantization, ``torch._int_mm``, eager rescale."""
-    x_q, x_scale = quantize_rows_eager(x)
+           x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    """The same scheme with torch's pieces: eager per-token quantization (unless the case hands over
+    quantized activations), ``torch._int_mm``, eager rescale."""
+    if x_q is None:
+        x_q, x_scale = quantize_rows_eager(x)
     acc = torch._int_mm(x_q, w_q.t())
     return (acc.float() * x_scale[:, None] * w_scale[None, :] + bias.float()).to(x.dtype)
 
@@ -73,8 +78,9 @@ class Int8Linear(Ablation):
                                           "activations, dequantized for a float Linear",
                                patch=use_affine_int8, inference_only=True),
     }
-    # odd sizes: rows that fill no tile, N and K multiples of no block
-    cases = grid(m=[1, 37], n=[129], k=[300], dtype=["fp32", "fp16", "bf16"])
+    # odd sizes: rows that fill no tile, N and K multiples of no block. ``stage: gemm`` times the int8
+    # variants' GEMM and epilogue alone, on activations quantized outside the call.
+    cases = grid(m=[1, 37], n=[129], k=[300], dtype=["fp32", "fp16", "bf16"], stage=["linear"])
     # outputs ~N(0, 1): the element rule admits 2% of them beyond 0.05 + 5%
     tolerance = error_budget(INT8_ERROR_BUDGET, rtol=0.05, atol=0.05, max_mismatch=0.02)
 
@@ -82,9 +88,12 @@ class Int8Linear(Ablation):
         m, n, k, dtype = case["m"], case["n"], case["k"], case.dtype
         weight = randn((n, k), dtype, gen, device, scale=k**-0.5)  # outputs ~N(0, 1)
         w_q, w_scale = quantize_per_channel(weight)
-        return {"x": randn((m, k), dtype, gen, device), "weight": weight, "bias": randn((n,), dtype, gen, device,
-                                                                                      scale=0.1),
-                "w_q": w_q, "w_scale": w_scale}
+        x = randn((m, k), dtype, gen, device)
+        inputs = {"x": x, "weight": weight, "bias": randn((n,), dtype, gen, device, scale=0.1),
+                  "w_q": w_q, "w_scale": w_scale}
+        if case.get("stage", "linear") == "gemm":  # the int8 variants start from quantized activations
+            inputs["x_q"], inputs["x_scale"] = quantize_rows_eager(x)
+        return inputs
 
     def reference(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The Linear itself on the unquantized weight (float64 here): what every variant approximates."""

@@ -40,10 +40,12 @@ def _quantize_rows_kernel(X, Q, S, M, K, stride_x, stride_q, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stride_cm,
+def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stride_cm, M_BUCKET,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """C[m, n] = (sum_k A[m, k] B[n, k]) * SA[m] * SB[n] (+ BIAS[n]): exact int32 accumulation."""
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """C[m, n] = (sum_k A[m, k] B[n, k]) * SA[m] * SB[n] (+ BIAS[n]): exact int32 accumulation.
+
+    ``M_BUCKET`` only keys the autotuner; ``EVEN_K`` (K a multiple of BLOCK_K) drops the K mask."""
     pid = tl.program_id(0)
     grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * grid_n)  # grouped order: programs that share B tiles run together
@@ -57,9 +59,15 @@ def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stri
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        a = tl.load(A + rm[:, None] * stride_am + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0)
-        b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
-        acc += tl.dot(a, b, out_dtype=tl.int32)
+        if EVEN_K:
+            a = tl.load(A + rm[:, None] * stride_am + kk[None, :], mask=rm[:, None] < M, other=0)
+            b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=rn[None, :] < N, other=0)
+        else:
+            a = tl.load(A + rm[:, None] * stride_am + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                        other=0)
+            b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K),
+                        other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     sa = tl.load(SA + rm, mask=rm < M, other=0.0)
     sb = tl.load(SB + rn, mask=rn < N, other=0.0)
     out = acc.to(tl.float32) * sa[:, None] * sb[None, :]
@@ -67,6 +75,17 @@ def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stri
         out += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(C + rm[:, None] * stride_cm + rn[None, :], out.to(C.dtype.element_ty), mask=mask)
+
+
+_GEMM = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(_int8_gemm_kernel)
+#: Prefill-shaped GEMMs (M > 64) pick among these per (M bucket, N, K); 128 x 128 x 128 with 8 warps was
+#: the fixed choice before, the others trade tile shape for pipeline depth.
+_LARGE_M_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
+    for bm, bn, bk, warps, stages in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
+                                      (128, 256, 64, 8, 4), (128, 128, 64, 4, 4), (128, 128, 128, 4, 4)]
+]
+_GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"])(_GEMM)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,15 +104,40 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _blocks(m: int, n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): decode-shaped M gets 16-row tiles, large M 128 x 128."""
+def _blocks(m: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps) for decode-shaped M and under the interpreter; None: autotune."""
     if interpreting():  # large tiles: the interpreter's cost is per program and per op, not per element
         return 32, 64, 64, 4
     if m <= 16:
         return 16, 64, 256, 4
     if m <= 64:
         return 64, 128, 128, 4
-    return 128, 128, 128, 8
+    return None
+
+
+def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+              bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``(x_q @ w_q^T) * x_scale[:, None] * w_scale[None, :] + bias`` in ``out_dtype``, from int8 (M, K)
+    activations with per-row float32 scales and an int8 (N, K) weight with per-channel scales: the GEMM
+    and its fused epilogue alone, for callers that already hold quantized activations."""
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
+    if m == 0 or n == 0:
+        return out
+    x_q, w_q = x_q.contiguous(), w_q.contiguous()
+    x_scale, w_scale = x_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
+    args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
+            x_q.stride(0), w_q.stride(0), out.stride(0), triton.next_power_of_2(m))
+    fixed = _blocks(m)
+    if fixed is None:
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
+    else:
+        bm, bn, bk, warps = fixed
+        _GEMM[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](*args, HAS_BIAS=bias is not None, BLOCK_M=bm,
+                                                          BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
+    return out
 
 
 def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -110,15 +154,7 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    if m == 0 or n == 0:
-        return out.reshape(*lead, n)
+    if x2.shape[0] == 0 or n == 0:
+        return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
     x_q, x_scale = quantize_rows(x2)
-    w_q, w_scale = w_q.contiguous(), w_scale.to(torch.float32).contiguous()
-    bm, bn, bk, warps = _blocks(m, n)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _int8_gemm_kernel[grid](x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
-                            x_q.stride(0), w_q.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
-    return out.reshape(*lead, n)
+    return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)

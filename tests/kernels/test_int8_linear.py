@@ -18,7 +18,7 @@ from microscope_kernels.int8_linear.reference import (
     quantize_rows_eager,
 )
 
-from microscope.api import Role
+from microscope.api import Case, Role
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -67,7 +67,8 @@ def test_the_triton_quantize_pass_matches_eager_exactly(dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 1), (1, 129, 300), (17, 33, 513), (37, 129, 64)], ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 1), (1, 129, 300), (17, 33, 513), (37, 129, 64), (130, 72, 256)],
+                         ids=str)
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
 def test_the_gemm_equals_the_exact_integer_product_rescaled(m, n, k, dtype, with_bias, seed):
     """Same quantized operands, an exact int64 product: what is left is the epilogue's float32 rounding."""
@@ -79,6 +80,22 @@ def test_the_gemm_equals_the_exact_integer_product_rescaled(m, n, k, dtype, with
     eps = torch.finfo(dtype).eps
     assert torch.allclose(got, want, rtol=2 * eps, atol=2 * eps * float(want.abs().max().clamp_min(1))), (
         float((got - want).abs().max()))
+
+
+def test_the_gemm_stage_gives_the_linear_stage_result_from_quantized_activations(seed):
+    """``stage: gemm`` hands the int8 variants eager-quantized activations; the Triton quantize pass is
+    bitwise the eager one, so each int8 variant's GEMM-alone output equals its full-Linear output."""
+    plugin = Int8Linear()
+    for m in (1, 37, 130):
+        linear_case, gemm_case = (Case.of(m=m, n=129, k=300, dtype="bf16", stage=stage) for stage in ("linear", "gemm"))
+        full = plugin.inputs(linear_case, torch.Generator().manual_seed(seed), DEVICE)
+        alone = plugin.inputs(gemm_case, torch.Generator().manual_seed(seed), DEVICE)
+        assert "x_q" not in full and alone["x_q"].dtype == torch.int8
+        for name in ("triton", "int_mm"):
+            variant = plugin.variants[name]
+            if variant.supports is not None and variant.supports(gemm_case, DEVICE):
+                continue
+            assert torch.equal(variant.fn(**alone), variant.fn(**full)), (m, name)
 
 
 def test_leading_batch_dims_and_empty_inputs(seed):
