@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import itertools
 import math
 import stat
 import types
@@ -589,6 +590,11 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], lines: dict[str, 
             base[key] = {**base[key], **value}
             for axis in value:
                 lines[f"{d}.{axis}"] = lines.get(f"{s}.{axis}", lines.get(s, 0))
+        elif key == "cases" and isinstance(value, Mapping) and isinstance(base.get(key), list):
+            # axes over a list of grids (a bench profile's shapes): replaced in each grid, not the list
+            base[key] = [{**grid, **value} if isinstance(grid, dict) else grid for grid in base[key]]
+            for i, axis in itertools.product(range(len(base[key])), value):
+                lines[f"{d}[{i}].{axis}"] = lines.get(f"{s}.{axis}", lines.get(s, 0))
         else:
             base[key] = value
 

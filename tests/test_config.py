@@ -112,6 +112,17 @@ def test_a_named_profile_applies_after_the_device_profile_and_is_checked_on_ever
     assert "ablations/bad.yaml:9: dimensions.throughput.mode:" in problems(typo, device="cpu")
 
 
+def test_quick_axes_over_a_profile_with_a_list_of_grids_narrow_each_grid_and_keep_its_shapes():
+    text = (
+        "plugin: toy_gelu\ncases: {rows: [3], cols: [5]}\n"
+        "profiles:\n  bench:\n    cases:\n      - {rows: [4096], cols: [64, 128]}\n      - {rows: [16], cols: [128]}\n"
+        "quick:\n  cases: {cols: [128]}\n"
+    )
+    quick = cfgmod.loads(text, "x.yaml", device="cuda", quick=True, overrides={"profile": "bench"})
+    assert quick.cases == ({"rows": (4096,), "cols": (128,)}, {"rows": (16,), "cols": (128,)})
+    assert quick.where("cases[0].cols") == quick.where("cases[1].cols") == "x.yaml:9"
+
+
 def test_a_list_of_case_grids_takes_their_cases_together_and_cites_each_grid():
     from microscope.runner import plan_cases
 
