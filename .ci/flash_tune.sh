@@ -34,7 +34,7 @@ for profile in cuda bench,loads bench_bwd; do
     "${run[@]}" "${args[@]}"
 done
 python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))['configs']), 'keys in', sys.argv[1])" "$OUT/$name"
-cp "$OUT/$name" "kernels/flash_attn/tuned/$name"
+mkdir -p kernels/flash_attn/tuned && cp "$OUT/$name" "kernels/flash_attn/tuned/$name"
 TRITON_CACHE_DIR="$WORK/cold-triton" TORCHINDUCTOR_CACHE_DIR="$WORK/cold-inductor" step cuda-cold 180 "${run[@]}"
 cd "$WORK" || exit 1
 tar czf "$OUT/consoles.tgz" ./*.txt
