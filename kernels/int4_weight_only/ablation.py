@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 from microscope_kernels.int4_weight_only.kernel import int4_linear
+from microscope_kernels.int4_weight_only.kernel import precompile as compile_candidates
 from microscope_kernels.int4_weight_only.model_linear import int4_linears
 from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_gptq, quantize_int4
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
@@ -122,6 +123,11 @@ class Int4WeightOnly(Ablation):
         if _torch_int4_refuses(case, device) is None:
             tensors["t_packed"], tensors["t_scale_zero"] = pack(w4, dtype)
         return tensors
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of the Triton GEMM's autotuning candidates for the case's shape, group and dtype."""
+        if device == "cuda":
+            compile_candidates(case["m"], case["n"], case["k"], case["group"], case.dtype, True, shard)
 
     def reference(self, inputs: Mapping[str, object]) -> torch.Tensor:
         """The Linear on the unquantized weight (float64 here): what every variant approximates."""

@@ -132,3 +132,28 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
 
         (_DECODE if decode else _PREFILL)[grid](*args, **flags, INTERPRET=False)
     return out.to(x.dtype).reshape(*lead, n)
+
+
+def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias: bool,
+               shard: tuple[int, int] = (0, 1)) -> None:
+    """Compile, without launching, this shard's part of the autotuning candidates ``int4_linear`` will try
+    for (m, n, k, group, dtype), so that a run's worker processes compile them side by side (candidate
+    ``i`` goes to shard ``i % count``) rather than one by one in the first call."""
+    if interpreting():
+        return
+    device = "cuda"
+    kp = -(-k // group) * group
+    x = torch.zeros((1, k), device=device, dtype=dtype)
+    packed = torch.zeros((1, kp // 2), device=device, dtype=torch.uint8)
+    scale = torch.zeros((1, kp // group), device=device, dtype=torch.float32)
+    decode = m <= DECODE_ROWS
+    out = torch.zeros((1, 1), device=device, dtype=torch.float32 if decode else dtype)
+    # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
+    args = (x, packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group, k, kp // 2, n,
+            triton.next_power_of_2(m))
+    flags = {"GROUP": group, "HAS_BIAS": has_bias, "IEEE": dtype == torch.float32, "INTERPRET": False}
+    tuner = _DECODE if decode else _PREFILL
+    candidates = _prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)
+    index, count = shard
+    for cfg in candidates[index::count]:
+        tuner.fn.warmup(*args, grid=(1,), **flags, **cfg.all_kwargs())

@@ -203,3 +203,19 @@ def test_gptq_handles_dead_channels_and_refuses_bad_calibration(seed):
     assert rel < INT4_ERROR_BUDGET
     with pytest.raises(ValueError, match="calibration activations must be"):
         quantize_gptq(w, calib[:, :63], 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 100], ids=["decode", "prefill"])
+def test_precompiled_candidates_match_the_calls_signature_and_the_call_stays_exact(m, seed):
+    """Every shard's candidates compile for the launch's own argument types; the call after them equals
+    the dequantized weight's product."""
+    from microscope_kernels.int4_weight_only.kernel import precompile
+
+    n, k, group = 96, 384, 128
+    for index in range(3):
+        precompile(m, n, k, group, torch.bfloat16, True, (index, 3))
+    x, w, b = _randn((m, k), seed, torch.bfloat16), _randn((n, k), seed + 1), _randn((n,), seed + 2, torch.bfloat16)
+    w4 = quantize_int4(w, group)
+    want = torch.nn.functional.linear(x.float(), dequantize(w4).float(), b.float())
+    assert torch.allclose(int4_linear(x, w4, b).float(), want, rtol=2e-2, atol=2e-2)
