@@ -38,9 +38,10 @@ step() {  # step NAME MAX_SECONDS COMMAND...
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
-# TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default)
+# TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default);
+# TESTS_S: its time limit (150 s)
 # shellcheck disable=SC2086
-step gpu_tests 150 python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
+step gpu_tests "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
 # the wall-time target: the full flash_attn cuda profile (every variant, 8 cases) in <= 60 s
 if [ "${FLASH_CUDA:-1}" = 1 ]; then
   step flash_attn-cuda 90 python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \

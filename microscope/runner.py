@@ -303,8 +303,8 @@ class Runner(RunBase):
             return
         case = next(c for c in plan_cases(self.plugin, self.config) if c.id == group.label)
         if self.device == "cuda" and self.config.dimensions.throughput.enabled and self.ceilings is None:
-            self.on_progress("measuring device ceilings (matmul TFLOP/s, copy GB/s)")
-            self.ceilings = Ceilings.measure()
+            self.on_progress("device ceilings (matmul TFLOP/s, copy GB/s): measured once per run and GPU")
+            self.ceilings = Ceilings.for_run(self.out_dir)
         self._run_case(case, variants)
 
     def failure_records(self, group: Group, variant: str | None, reason: str) -> list[Record]:

@@ -5,6 +5,8 @@ Skipped where no GPU is present (CI). On a GPU host: ``python -m pytest -m gpu t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -84,3 +86,15 @@ def test_host_mode_times_the_call_until_it_returns(plugin_dir, tmp_path):
     assert plain.details["timer"] == syncing.details["timer"] == "host_perf_counter"
     assert plain.value < 2.0 < 10.0 < syncing.value, (plain.value, syncing.value)
     assert not [r for r in result.records if r.metric in ("tflops", "gbps")]
+
+
+def test_ceilings_are_measured_once_per_run_and_gpu(tmp_path):
+    """A run's later worker processes read the first measurement instead of repeating it."""
+    from microscope.measures.ceilings import Ceilings
+
+    first = Ceilings.for_run(tmp_path)
+    (saved,) = tmp_path.glob("ceilings-*.json")
+    assert first.tflops > 10 and first.gbps > 100
+    planted = Ceilings(tflops=first.tflops * 2, gbps=first.gbps / 2)  # what a later worker must read back
+    saved.write_text(json.dumps({"tflops": planted.tflops, "gbps": planted.gbps}))
+    assert Ceilings.for_run(tmp_path) == planted
