@@ -1,4 +1,5 @@
-"""One dot-product helper for the rooms' Triton kernels that accumulate in fp32 (flash_attn, int4_weight_only)."""
+"""Interpreter-correct fp32 arithmetic for the rooms' Triton kernels: one dot-product helper (flash_attn,
+int4_weight_only, sliding_window_attention) and one rounding helper."""
 
 from __future__ import annotations
 
@@ -16,3 +17,13 @@ def mma(a, b, acc, INTERPRET: tl.constexpr, IEEE: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Round fp32 ``x`` to ``DTYPE`` to nearest even (the interpreter truncates to bf16: round the bits)."""
+    if INTERPRET and DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return x.to(DTYPE)

@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma as _mma
+from microscope_kernels.fp32_dot import round_to as _cast
 
 from microscope.api import interpreting
 
@@ -75,16 +76,6 @@ _NO_SPECIALIZE = ["BH", "Sq", "Sk", "SQ_BUCKET", "SK_BUCKET"]
 # ----------------------------------------------------------------------------------------------------------
 # Shared device helpers
 # ----------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _cast(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Round fp32 ``x`` to ``DTYPE`` to nearest even (the interpreter truncates to bf16: round the bits)."""
-    if INTERPRET and DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit

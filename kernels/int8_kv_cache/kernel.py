@@ -34,6 +34,7 @@ from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_d
 from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
+from microscope_kernels.split_merge import merged_output
 
 from microscope.api import interpreting
 
@@ -247,17 +248,10 @@ def _decode_merge_kernel(
     PART_ACC, PART_ML, V_SCALE, OUT, num_splits, stride_vsbh, stride_obh,
     D: tl.constexpr, BLOCK_S: tl.constexpr, V_SCALE_PER_CHANNEL: tl.constexpr,
 ):
-    """Merge the splits of one batch*head: rescale each by 2^(m_s - max m), sum, normalize."""
+    """Merge the splits of one batch*head (``split_merge``), then apply a per-channel V scale."""
     bh = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    ok = s < num_splits
-    part = bh * num_splits + s
-    m = tl.load(PART_ML + part * 2, mask=ok, other=-float("inf"))
-    weight = tl.where(ok, tl.exp2(m - tl.max(m, axis=0)), 0.0)
-    total = tl.sum(weight * tl.load(PART_ML + part * 2 + 1, mask=ok, other=0.0), axis=0)
-    acc = tl.load(PART_ACC + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-    out = tl.sum(acc * weight[:, None], axis=0) / total
+    out = merged_output(PART_ACC, PART_ML, bh, num_splits, D, BLOCK_S)
     if V_SCALE_PER_CHANNEL:
         out = out * tl.load(V_SCALE + bh * stride_vsbh + d)
     tl.store(OUT + bh * stride_obh + d, out.to(OUT.dtype.element_ty))

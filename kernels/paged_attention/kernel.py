@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.direct_launch import DirectLauncher
+from microscope_kernels.split_merge import merged_output
 
 from microscope.api import interpreting
 
@@ -88,18 +89,11 @@ def _paged_split_kernel(
 
 @triton.jit
 def _merge_kernel(PART_ACC, PART_ML, OUT, num_splits, stride_obh, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Merge the splits of one batch*head: rescale each by 2^(m_s - max m), sum, normalize. An empty
-    split (past its sequence's end) has m = -inf and weight 0; split 0 always holds a token."""
+    """Merge the splits of one batch*head (``split_merge``). A split past its sequence's end is empty
+    (weight 0); split 0 always holds a token."""
     bh = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    ok = s < num_splits
-    part = bh * num_splits + s
-    m = tl.load(PART_ML + part * 2, mask=ok, other=-float("inf"))
-    weight = tl.where(ok, tl.exp2(m - tl.max(m, axis=0)), 0.0)
-    total = tl.sum(weight * tl.load(PART_ML + part * 2 + 1, mask=ok, other=0.0), axis=0)
-    acc = tl.load(PART_ACC + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-    out = tl.sum(acc * weight[:, None], axis=0) / total
+    out = merged_output(PART_ACC, PART_ML, bh, num_splits, D, BLOCK_S)
     tl.store(OUT + bh * stride_obh + d, out.to(OUT.dtype.element_ty))
 
 

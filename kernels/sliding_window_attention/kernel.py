@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma as _mma
+from microscope_kernels.fp32_dot import round_to as _round
 
 from microscope.api import interpreting
 
@@ -55,16 +56,6 @@ _NO_SPECIALIZE = ["Sq", "Sk", "OFF", "window", "G", "B", "NB", "LIST_W"]
 # ----------------------------------------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _round(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Round fp32 ``x`` to ``DTYPE`` to nearest even (the interpreter truncates to bf16: round the bits)."""
-    if INTERPRET and DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit
