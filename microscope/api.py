@@ -52,6 +52,7 @@ import torch
 from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, NormGelu, Transformer
 
 __all__ = [
+    "CALIBRATION_BATCHES",
     "DTYPES",
     "Ablation",
     "Arm",
@@ -261,6 +262,11 @@ class Arm:
     the arm does not train but loads the baseline's trained weights of the same seed after its patch,
     so every difference it shows is the change's own, and no time goes on identical training runs.
     Its training records are marked skipped with that reason.
+
+    ``calibrate(model, batches)`` (inference-only arms) runs once the trained weights are loaded, with
+    ``CALIBRATION_BATCHES`` batches of training-split token ids (B, T) on the run's device, never
+    evaluation text: the place for a post-training step that needs the trained model's activations
+    (GPTQ's Hessians, activation ranges), which a ``patch`` on the untrained model cannot see.
     """
 
     role: Role = Role.CANDIDATE
@@ -271,8 +277,16 @@ class Arm:
     needs: tuple[str, ...] = ()
     supports: Callable[[Case, str], str | None] | None = None
     inference_only: bool = False
+    calibrate: Callable[[Any, Sequence[torch.Tensor]], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.calibrate is not None and not self.inference_only:
+            raise ValueError("Arm(calibrate=...) needs inference_only=True: calibration runs on the baseline's "
+                             "trained weights, which only an inference-only arm loads")
 
 
+#: Batches of training tokens an inference-only arm's ``calibrate`` receives.
+CALIBRATION_BATCHES = 8
 #: Above this many elements a GPU input is drawn on the GPU (see ``randn``).
 DEVICE_DRAW_ELEMENTS = 1 << 24
 

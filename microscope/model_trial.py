@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from microscope.api import Arm, Role
+from microscope.api import CALIBRATION_BATCHES, Arm, Role
 from microscope.config import WorkloadConfig
 from microscope.model_measures import (
     LEAK_TOLERANCE,
@@ -189,6 +189,12 @@ class Trial:
             raise RuntimeError("inference-only arm: this seed's baseline left no trained weights "
                                "(its training failed or diverged)")
         self.model.load_state_dict(self.baseline.trained)
+        if self.arm.calibrate is not None:
+            batches = self._batches()
+            tokens = [batches(step)[0].to(self.device) for step in range(CALIBRATION_BATCHES)]
+            self.arm.calibrate(self.model, tokens)
+            self.common["calibration"] = (f"{CALIBRATION_BATCHES} batches of {tuple(tokens[0].shape)} training "
+                                          "tokens after loading the trained weights")
         why = "inference-only arm: it does not train; it reuses the baseline's trained weights of this seed"
         for dimension, metric in self.plan["train"]:
             self.emit(Measurement(dimension, metric, None, reason=why, details=dict(self.common)), "skipped")

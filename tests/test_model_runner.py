@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from microscope import cli
 from microscope import config as cfgmod
@@ -305,6 +306,38 @@ def test_inference_only_arm_fails_visibly_when_its_baseline_did_not_train(tmp_pa
     result = ModelRunner(BrokenBase(), cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="b").run()
     reused = _by(result, variant="reuse", metric="val_loss")
     assert reused and all(r.status == "failed" and "left no trained weights" in r.reason for r in reused)
+
+
+_CALIBRATION_SEEN: list[tuple[int, tuple[int, ...], torch.dtype, int]] = []
+
+
+def _halve_head(model, batches) -> None:  # noqa: ANN001 - an Arm calibrate step
+    """Changes the model: a weight load after it would undo the change, so a changed loss shows the order."""
+    _CALIBRATION_SEEN.append((len(batches), tuple(batches[0].shape), batches[0].dtype, int(batches[0].max())))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.5)
+
+
+def test_a_calibrate_step_runs_on_the_trained_weights_with_training_batches(tmp_path):
+    from microscope.api import CALIBRATION_BATCHES
+
+    @register("toy_calibrated_arm")
+    class Calibrated(Ablation):
+        arms = {"base": Arm(Role.BASELINE, "the workload as is"),
+                "calibrated": Arm(description="halves the output head once trained", calibrate=_halve_head,
+                                  inference_only=True)}
+
+    _CALIBRATION_SEEN.clear()
+    cfg = cfgmod.loads(f"plugin: toy_calibrated_arm\nlevel: model\nseed: 1\n{WORKLOAD}", "calibrated.yaml")
+    result = ModelRunner(Calibrated(), cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="c").run()
+    assert not result.failed
+    assert _CALIBRATION_SEEN and all(seen[0] == CALIBRATION_BATCHES and len(seen[1]) == 2 and seen[2] == torch.long
+                                     and seen[3] > 0 for seen in _CALIBRATION_SEEN)
+    for rec in _by(result, variant="calibrated", metric="val_loss"):
+        assert "training tokens after loading the trained weights" in rec.details["calibration"]
+        assert rec.value != _one(result, variant="base", seed=rec.seed, metric="val_loss").value  # not undone
+    with pytest.raises(ValueError, match="needs inference_only=True"):
+        Arm(calibrate=_halve_head)
 
 
 def test_an_inference_only_baseline_is_refused_at_registration():

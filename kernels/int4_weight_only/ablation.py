@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from microscope_kernels.int4_weight_only.kernel import int4_linear
 from microscope_kernels.int4_weight_only.kernel import precompile as compile_candidates
-from microscope_kernels.int4_weight_only.model_linear import int4_linears
+from microscope_kernels.int4_weight_only.model_linear import gptq_calibration, int4_linears
 from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_gptq, quantize_int4
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
@@ -101,6 +101,9 @@ class Int4WeightOnly(Ablation):
                          patch=int4_linears(128), needs=("triton",), inference_only=True),
         "int4_g32": Arm(description="every Linear with 4-bit weights, groups of 32 (round to nearest, Triton)",
                         patch=int4_linears(32), needs=("triton",), inference_only=True),
+        "int4_gptq_g128": Arm(description="every Linear with GPTQ 4-bit weights, groups of 128: Hessians of "
+                                          "the trained model's activations on training batches (Triton)",
+                              calibrate=gptq_calibration(128), needs=("triton",), inference_only=True),
     }
     # odd sizes: K a multiple of no group (the last group is padded), N and M of no tile; then one
     # shape torch's int4 op takes, so its peer is checked too

@@ -98,11 +98,22 @@ def quantize_gptq(weight: torch.Tensor, calibration: torch.Tensor, group: int = 
     _check(weight, group)
     if calibration.dim() != 2 or calibration.shape[1] != weight.shape[1]:
         raise ValueError(f"calibration activations must be (n, K={weight.shape[1]}), got {tuple(calibration.shape)}")
+    x = calibration.to(device=weight.device, dtype=torch.float32)
+    return quantize_gptq_hessian(weight, x.t() @ x / max(1, x.shape[0]), group, damp)
+
+
+def quantize_gptq_hessian(weight: torch.Tensor, hessian: torch.Tensor, group: int = 128,
+                          damp: float = 0.01) -> Int4Weight:
+    """``quantize_gptq`` from the Hessian ``X^T X / n`` (K, K) itself: a model accumulates it over its
+    calibration batches rather than keeping every activation row."""
+    _check(weight, group)
+    k = weight.shape[1]
+    if tuple(hessian.shape) != (k, k):
+        raise ValueError(f"the Hessian must be (K, K) = ({k}, {k}), got {tuple(hessian.shape)}")
     w = _padded(weight, group)
     n, kp = w.shape
-    x = torch.zeros((calibration.shape[0], kp), device=w.device, dtype=torch.float32)
-    x[:, : weight.shape[1]] = calibration.float()
-    h = x.t() @ x / max(1, x.shape[0])
+    h = torch.zeros((kp, kp), device=w.device, dtype=torch.float32)
+    h[:k, :k] = hessian.to(device=w.device, dtype=torch.float32)
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0

@@ -78,3 +78,49 @@ def test_quantized_linears_follow_autocast_like_nn_linear():
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             assert module(x).dtype == torch.bfloat16
         assert torch.allclose(module(x), linear(x), rtol=0.05, atol=0.05)
+
+
+def _float_inputs(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each Linear's input rows over the batches, as the float model sees them."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, args, name=name: seen.setdefault(name, []).append(
+        args[0].detach().reshape(-1, args[0].shape[-1]).double())) for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for tokens in batches:
+            model(tokens)
+    for h in hooks:
+        h.remove()
+    return {name: torch.cat(rows) for name, rows in seen.items()}
+
+
+def test_gptq_calibration_swaps_every_linear_and_beats_rounding_on_the_layers_objective(seed):
+    """GPTQ minimizes each layer's output error on its calibration inputs; round-to-nearest ignores them."""
+    from microscope_kernels.int4_weight_only.model_linear import Int4Linear, gptq_calibration
+    from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize
+
+    trained = build_model(SMALL, seed=seed % 1000 + 1, device=DEVICE)
+    batches = [_tokens(seed + i) for i in range(4)]
+    rtn, gptq = (build_model(SMALL, seed=seed % 1000, device=DEVICE) for _ in range(2))
+    int4_linears(32)(rtn)
+    rtn.load_state_dict(trained.state_dict())
+    gptq.load_state_dict(trained.state_dict())
+    gptq_calibration(32)(gptq, batches)
+    assert not any(isinstance(m, nn.Linear) for m in gptq.modules())
+    inputs = _float_inputs(trained, batches)
+    float_weights = {name: m.weight.detach().double() for name, m in trained.named_modules()
+                     if isinstance(m, nn.Linear)}
+
+    def objective(model: nn.Module) -> float:
+        total = 0.0
+        for name, m in model.named_modules():
+            if isinstance(m, Int4Linear):
+                w4 = dequantize(Int4Weight(m.packed, m.scale, m.zero, m.in_features, m.group), torch.float64)
+                total += float((inputs[name] @ (float_weights[name] - w4).t()).pow(2).sum())
+        return total
+
+    assert objective(gptq) < objective(rtn)
+    tokens = _tokens(seed + 99)
+    with torch.no_grad():
+        want, got = trained(tokens).double(), gptq(tokens).double()
+    assert 0 < float((got - want).norm() / want.norm()) <= 0.25
