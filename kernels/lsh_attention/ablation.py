@@ -1,0 +1,148 @@
+"""The lsh_attention plugin: hash-bucketed (Reformer LSH) attention in one Triton kernel, forward and backward,
+against eager attention with the same buckets as a dense mask (GitHub issue #24).
+
+Case parameters: ``batch``, ``heads``, ``seq`` (queries = keys), ``head_dim``, ``n_buckets`` (per round, 1 or
+even), ``n_hashes`` (rounds; their rotations are an input tensor drawn from the harness's seeded generator),
+``chunk`` (chunk length, or window for the window rule), ``rule`` (``chunk``: Reformer's sorted chunk and the
+one before it; ``window``: the causal-safe rule), ``causal``, ``dtype``. ``visibility.py`` defines the rules.
+
+Accuracy compares every variant with the same bucketed attention in float64 (an exact-math check with float
+tolerances): LSH attention is not meant to equal full attention, and how much of full attention it keeps
+(recall of the heaviest keys as a function of the bucket count) is measured by ``recall.py``. The full-attention peers
+(``sdpa_full``, ``flash_full``) compute different math: they are speed comparators for
+``ablations/lsh_attention_speed.yaml``, which runs without the accuracy dimension; a run with accuracy on
+reports them as failing it, which is true and not a defect.
+
+Model level: the embedded model trained with causal-safe LSH attention (window rule) in every block, against
+full attention (``model.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from microscope_kernels.flash_attn.kernel import flash_attention
+
+from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+
+from .hashing import draw_rotations
+from .kernel import SUPPORTED_HEAD_DIMS, lsh_attention
+from .model import use_lsh_attention
+from .peers import FLASH_HEAD_DIMS, flash_full, sdpa_full, sdpa_masked
+from .reference import lsh_attention_reference
+from .visibility import LSHSpec, key_intervals, scored_pairs
+
+#: float64 scores per step of the chunked ground truth (1 GiB): long cases fit next to the variants.
+_TRUTH_SCORES = 1 << 27
+#: Seed of the representative q, k and rotations ``flops`` counts scored pairs on.
+_FLOPS_SEED = 0
+
+
+def _positive(case: Case, name: str) -> int:
+    value = case[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"case parameter {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _spec(case: Case) -> LSHSpec:
+    """The case's rule, with every parameter checked (a clear message for a bad config value)."""
+    for name in ("batch", "heads", "seq", "head_dim", "n_hashes"):
+        _positive(case, name)
+    return LSHSpec(n_buckets=case["n_buckets"], chunk=case["chunk"], causal=bool(case["causal"]), rule=case["rule"])
+
+
+def _needs_head_dim(dims: tuple[int, ...]):
+    def supports(case: Case, device: str) -> str | None:
+        return None if case["head_dim"] in dims else f"head_dim {case['head_dim']} not in {dims}"
+
+    return supports
+
+
+@functools.lru_cache(maxsize=256)
+def _scored_pairs(seq: int, head_dim: int, n_buckets: int, n_hashes: int, chunk: int, rule: str, causal: bool) -> int:
+    """Pairs the kernel scores for one head on the representative draw (cached: the harness asks per record)."""
+    gen = torch.Generator().manual_seed(_FLOPS_SEED)
+    q, k = (torch.randn((1, 1, seq, head_dim), generator=gen) for _ in range(2))
+    spec = LSHSpec(n_buckets=n_buckets, chunk=chunk, causal=causal, rule=rule)
+    return scored_pairs(key_intervals(spec, q, k, draw_rotations(n_hashes, head_dim, n_buckets, gen)))
+
+
+def use_full_flash_attention(model) -> None:  # noqa: ANN001 - a microscope.api.Transformer
+    """Full causal attention through flash_attn's fused kernel in every block: the speed and memory of full
+    attention without eager's materialized scores."""
+    model.set_attention(flash_attention)
+
+
+@register("lsh_attention")
+class LSHAttentionAblation(Ablation):
+    """Reformer-style LSH attention in one Triton kernel (forward and backward) vs eager bucket-masked attention."""
+
+    variants = {
+        "eager": baseline(lsh_attention_reference, "the same buckets as a dense mask: matmul, masked softmax, matmul"),
+        "triton": candidate(lsh_attention, "Triton kernel over each query's interval of bucket-sorted keys",
+                            needs=("triton",), supports=_needs_head_dim(SUPPORTED_HEAD_DIMS)),
+        "sdpa_masked": peer(sdpa_masked, "torch SDPA with the dense bucket mask (same math)"),
+        "sdpa_full": peer(sdpa_full, "torch SDPA full attention over every key: different math, speed only"),
+        "flash_full": peer(flash_full, "flash_attn's FA2 Triton kernel, full attention: different math, speed only",
+                           needs=("triton",), supports=_needs_head_dim(FLASH_HEAD_DIMS)),
+    }
+    cases = grid(batch=[1], heads=[2], seq=[100], head_dim=[64], n_buckets=[4], n_hashes=[2], chunk=[16],
+                 rule=["chunk"], causal=[False, True], dtype=["fp32", "bf16"])
+    #: Model level: full attention vs causal-safe LSH attention (``model.py``), in the embedded model.
+    arms = {
+        "full": Arm(Role.BASELINE, "the embedded model's full (eager) causal attention in every block"),
+        "lsh": Arm(description="causal-safe LSH attention (8 buckets, 2 rounds, window context/8) through the "
+                               "Triton kernel in every block", patch=use_lsh_attention, needs=("triton",)),
+        "flash_full": Arm(Role.PEER, "full causal attention through flash_attn's FA2 Triton kernel in every block: "
+                                     "a fused full-attention comparator for speed and memory",
+                          patch=use_full_flash_attention, needs=("triton",)),
+    }
+    tolerance = {
+        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
+        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
+        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
+    }
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        spec = _spec(case)
+        shape = (case["batch"], case["heads"], case["seq"], case["head_dim"])
+        return {
+            "q": randn(shape, case.dtype, gen, device),
+            "k": randn(shape, case.dtype, gen, device),
+            "v": randn(shape, case.dtype, gen, device),
+            "rotations": draw_rotations(case["n_hashes"], case["head_dim"], spec.n_buckets, gen, device),
+            "n_buckets": spec.n_buckets,
+            "chunk": spec.chunk,
+            "causal": spec.causal,
+            "rule": spec.rule,
+        }
+
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        return ("q", "k", "v")
+
+    def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
+        """The baseline's math on float64 copies, a slice of query rows at a time, so that the truth of a
+        16k-token case fits beside the variants (the plain baseline holds B*H*S*S scores at once)."""
+        q = inputs["q"]
+        rows = max(1, _TRUTH_SCORES // max(1, q.shape[0] * q.shape[1] * inputs["k"].shape[-2]))
+        return lsh_attention_reference(**inputs, rows_per_step=rows)
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        """4*B*H*D per (query, key) pair the kernel scores (QK^T and PV, 2 FLOPs per multiply-add): every round's
+        interval, counted on one representative draw (seed ``_FLOPS_SEED``) of q, k and rotations; duplicates
+        across rounds and causally masked pairs are included, since the kernel computes them. The backward does
+        2.5x the forward's matmul work. Full attention would count ``seq * seq`` pairs."""
+        spec = _spec(case)
+        pairs = _scored_pairs(case["seq"], case["head_dim"], spec.n_buckets, case["n_hashes"], spec.chunk,
+                              spec.rule, spec.causal)
+        fwd = 4.0 * case["batch"] * case["heads"] * pairs * case["head_dim"]
+        return fwd * 3.5 if backward else fwd
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """Forward: read Q, K, V, write O. Backward adds: read Q, K, V, O, dO, write dQ, dK, dV. The index
+        tensors (a few int32 per token and round) are left out."""
+        elems = case["batch"] * case["heads"] * case["seq"] * case["head_dim"]
+        fwd = 4 * elems * case.dtype.itemsize
+        return fwd + 8 * elems * case.dtype.itemsize if backward else fwd
