@@ -1,0 +1,122 @@
+"""The axial_attention plugin: attention factored over the rows and columns of a 2-D layout, through
+flash_attn's Triton kernel, against the same axial attention in eager PyTorch (GitHub issue #24, claim
+"320 ms -> 110 ms").
+
+Case parameters: ``batch``, ``heads``, ``rows``, ``cols`` (the sequence is ``rows * cols`` tokens, row-major),
+``head_dim``, ``causal`` (both passes causal along their axis), ``dtype``. ``grid.py`` defines the operator.
+
+Accuracy compares axial variants with the float64 axial reference only. The claim is about speed against
+full attention, which is different math: the full-attention peers (``sdpa_full``, ``flash_full``) are timed in
+``ablations/axial_attention_speed.yaml``, a run without the accuracy dimension (the harness has no way to
+exempt one variant from it; a run with accuracy on reports them failing it, which is true).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
+
+from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+
+from .grid import check_grid
+from .kernel import SUPPORTED_HEAD_DIMS, axial_attention
+from .peers import flash_full, sdpa_axial, sdpa_full
+from .reference import axial_attention_reference
+
+
+def _shape(case: Case) -> tuple[int, int, int, int]:
+    """(B, H, S, D) of the case, with every parameter checked (a clear message for a bad config value)."""
+    for name in ("batch", "heads", "head_dim"):
+        value = case[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"case parameter {name} must be a positive integer, got {value!r}")
+    rows, cols = case["rows"], case["cols"]
+    check_grid(rows * cols if isinstance(rows, int) and isinstance(cols, int) else -1, rows, cols)
+    return case["batch"], case["heads"], rows * cols, case["head_dim"]
+
+
+def _flash_supports(case: Case, device: str) -> str | None:
+    if case["head_dim"] not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim {case['head_dim']} not in {SUPPORTED_HEAD_DIMS}"
+    return None
+
+
+def _pairs(rows: int, cols: int, causal: bool) -> int:
+    """Scored (query, key) pairs of both passes: each token scores its row and its column (causal: the part
+    up to itself)."""
+    if causal:
+        return rows * cols * (cols + 1) // 2 + cols * rows * (rows + 1) // 2
+    return rows * cols * (rows + cols)
+
+
+@register("axial_attention")
+class AxialAttention(Ablation):
+    """Axial (row, then column) attention through flash_attn's Triton kernel vs the same in eager PyTorch."""
+
+    variants = {
+        "eager": baseline(axial_attention_reference, "axial attention, eager matmul-softmax-matmul per pass"),
+        "triton": candidate(axial_attention, "flash_attn's FA2 Triton kernel on the row and column batches",
+                            needs=("triton",), supports=_flash_supports),
+        "sdpa_axial": peer(sdpa_axial, "axial attention with torch SDPA in both passes (same math)"),
+        "sdpa_full": peer(sdpa_full, "torch SDPA full attention over rows*cols tokens: different math, speed only"),
+        "flash_full": peer(flash_full, "flash_attn's kernel, full attention over rows*cols tokens: different math, "
+                                       "speed only", needs=("triton",), supports=_flash_supports),
+    }
+    cases = grid(batch=[1], heads=[2], rows=[7], cols=[9], head_dim=[64], causal=[False, True],
+                 dtype=["fp32", "bf16"])
+    tolerance = {
+        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
+        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
+        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
+    }
+
+    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
+        shape = _shape(case)
+        return {
+            "q": randn(shape, case.dtype, gen, device),
+            "k": randn(shape, case.dtype, gen, device),
+            "v": randn(shape, case.dtype, gen, device),
+            "rows": case["rows"],
+            "cols": case["cols"],
+            "causal": bool(case["causal"]),
+        }
+
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        return ("q", "k", "v")
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of flash_attn's autotuning candidates at the row pass's, the column pass's and (in one
+        shard per case, for the flash_full peer) the full sequence's shapes."""
+        if device != "cuda" or _flash_supports(case, device):
+            return
+        _, _, seq, head_dim = _shape(case)
+        lengths = [case["cols"], case["rows"]]
+        if zlib.crc32(case.id.encode()) % shard[1] == shard[0]:
+            lengths.append(seq)
+        failed = []
+        for length in dict.fromkeys(lengths):
+            x = torch.zeros((1, 1, length, head_dim), device=device, dtype=case.dtype)
+            failed += flash_precompile(x, x, bool(case["causal"]), backward=backward, shard=shard)
+        if failed:
+            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
+                               f"{failed[0][2]}")
+
+    def flops(self, case: Case, backward: bool = False) -> float:
+        """4*B*H*D per scored (query, key) pair of the two passes (QK^T and PV, 2 FLOPs per multiply-add):
+        ``S * (rows + cols)`` pairs, or the causal half of each pass; full attention scores ``S^2``. The
+        backward does 2.5x the forward's matmul work. Applied to the full-attention peers in the speed config,
+        TFLOP/s would read as axial-equivalent rates: compare their latencies instead."""
+        b, h, _, d = _shape(case)
+        fwd = 4.0 * b * h * d * _pairs(case["rows"], case["cols"], bool(case["causal"]))
+        return fwd * 3.5 if backward else fwd
+
+    def bytes(self, case: Case, backward: bool = False) -> float:
+        """Forward: read Q, K, V, write O. Backward adds: read Q, K, V, O, dO, write dQ, dK, dV. The row
+        pass's output (written, then read by the column pass) and the column pass's transposing copies are
+        extra traffic a roofline should not credit."""
+        b, h, s, d = _shape(case)
+        elems = b * h * s * d
+        fwd = 4 * elems * case.dtype.itemsize
+        return fwd + 8 * elems * case.dtype.itemsize if backward else fwd
