@@ -63,6 +63,10 @@ def quantize_kv(x: torch.Tensor, granularity: str, scale_dtype: torch.dtype = to
     reduce_dim = -1 if granularity == "token" else -2
     amax = x.detach().abs().amax(dim=reduce_dim, keepdim=True).float()
     scale = (amax / 127.0).clamp_min(torch.finfo(torch.float32).tiny).to(scale_dtype)
+    # a scale stored rounded down (fp16) would clamp the largest value at 127 short of amax, by more
+    # than half a step: take the next representable scale up instead
+    short = scale.double() * 127.0 < amax.double()
+    scale = torch.where(short, torch.nextafter(scale, torch.full_like(scale, float("inf"))), scale)
     # float64 division: an fp32 x / scale can round a value that sits within ~1e-5 of a half step to
     # the wrong side; in float64 the bound holds to ~1e-16 (this runs once per token, not per step)
     q = torch.round(x.double() / scale.double()).clamp_(-127, 127).to(torch.int8)
