@@ -16,9 +16,10 @@ from __future__ import annotations
 import zlib
 
 import torch
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Case, baseline, candidate, grid, peer, randn, register
 
 from .grid import check_grid
 from .kernel import SUPPORTED_HEAD_DIMS, axial_attention
@@ -66,11 +67,7 @@ class AxialAttention(Ablation):
     }
     cases = grid(batch=[1], heads=[2], rows=[7], cols=[9], head_dim=[64], causal=[False, True],
                  dtype=["fp32", "bf16"])
-    tolerance = {
-        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
-        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
-        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
-    }
+    tolerance = ATTENTION_TOLERANCE
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         shape = _shape(case)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import zlib
 
 import torch
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
 from .kernel import precompile as compile_candidates
@@ -89,11 +90,7 @@ class FlashAttention(Ablation):
         "triton": Arm(description="microscope's FlashAttention-2 style Triton kernel in every block",
                       patch=use_flash_attention, needs=("triton",)),
     }
-    tolerance = {
-        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
-        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
-        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
-    }
+    tolerance = ATTENTION_TOLERANCE
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         q_shape, k_shape = _shapes(case)

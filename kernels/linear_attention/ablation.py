@@ -17,8 +17,9 @@ its softmax attention (``model.py``); Linformer cannot be an arm of a causal LM 
 from __future__ import annotations
 
 import torch
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
 
 from .attention import eager_linear_attention, triton_linear_attention
 from .features import FEATURE_MAPS, orthogonal_projection
@@ -101,11 +102,7 @@ class LinearAttention(Ablation):
                                 "the fused softmax comparator for speed and memory", patch=use_flash,
                      needs=("triton",)),
     }
-    tolerance = {
-        "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
-        "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
-        "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
-    }
+    tolerance = ATTENTION_TOLERANCE
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         check_case(case)

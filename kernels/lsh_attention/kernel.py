@@ -31,6 +31,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.attention_inputs import check_qkv
 from microscope_kernels.fp32_dot import mma as _mma
 
 from microscope.api import interpreting
@@ -42,7 +43,6 @@ __all__ = ["SUPPORTED_HEAD_DIMS", "LSHAttentionFn", "lsh_attention", "tiles_for"
 
 #: Head dims the kernels are built for.
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _NO_SPECIALIZE = ["BH", "Sq", "Sk", "OFF", "NT"]
 #: Under the interpreter: small tiles, so the tests' short sequences cross tile edges.
@@ -324,19 +324,7 @@ class LSHAttentionFn(torch.autograd.Function):
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"lsh_attention expects (B, H, S, D) tensors, got q{tuple(q.shape)} k{tuple(k.shape)} "
-                         f"v{tuple(v.shape)}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, H, Sq, D) and k, v (B, H, Sk, D) disagree: q{tuple(q.shape)} k{tuple(k.shape)} "
-                         f"v{tuple(v.shape)}")
-    if q.shape[3] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"lsh_attention supports head dims {SUPPORTED_HEAD_DIMS}, got {q.shape[3]}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
-        raise ValueError(f"lsh_attention needs q, k, v of one dtype among fp32/fp16/bf16, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    check_qkv("lsh_attention", q, k, v, SUPPORTED_HEAD_DIMS)
     if not 1 <= q.shape[2] <= k.shape[2]:
         raise ValueError(f"need 1 <= Sq <= Sk (queries aligned to the last keys), got Sq={q.shape[2]}, "
                          f"Sk={k.shape[2]}")

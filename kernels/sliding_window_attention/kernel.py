@@ -30,6 +30,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.attention_inputs import check_qkv
 from microscope_kernels.fp32_dot import mma as _mma
 from microscope_kernels.fp32_dot import round_to as _round
 
@@ -47,7 +48,6 @@ __all__ = [
 
 #: Head dims the kernels are built for.
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = tl.constexpr(1.4426950408889634)  # exp(x * scale) == exp2(x * scale * log2(e))
 # Integers that only bound loops, masks and indices: specializing on them would recompile for every length.
 _NO_SPECIALIZE = ["Sq", "Sk", "OFF", "window", "G", "B", "NB", "LIST_W"]
@@ -444,19 +444,7 @@ def _meta(spec: MaskSpec, head_dim: int, block_m: int, block_n: int, has_pairs: 
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"sliding_window_attention expects (B, H, S, D) tensors, got q{tuple(q.shape)} "
-                         f"k{tuple(k.shape)} v{tuple(v.shape)}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, H, Sq, D) and k, v (B, H, Sk, D) disagree: q{tuple(q.shape)} "
-                         f"k{tuple(k.shape)} v{tuple(v.shape)}")
-    if q.shape[3] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"sliding_window_attention supports head dims {SUPPORTED_HEAD_DIMS}, got {q.shape[3]}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
-        raise ValueError(f"sliding_window_attention needs q, k, v of one dtype among fp32/fp16/bf16, got "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    check_qkv("sliding_window_attention", q, k, v, SUPPORTED_HEAD_DIMS)
     if not sm_scale > 0:
         raise ValueError(f"sm_scale must be positive (it is folded into a running max), got {sm_scale}")
 

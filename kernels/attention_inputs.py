@@ -1,0 +1,36 @@
+"""What the attention rooms (flash_attn and the catalogue's sliding-window, LSH, linear and axial rooms) hold
+in common: the output tolerance of an fp32-accumulating attention, and the checks of q, k, v's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from microscope.api import Tolerance
+
+#: Per dtype: the output and gradient rule of an attention that accumulates in fp32 (``ref_factor``: at
+#: most 4x the eager baseline's own error against the float64 truth).
+ATTENTION_TOLERANCE = {
+    "fp32": Tolerance(rtol=1e-3, atol=1e-5, ref_factor=4),
+    "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
+    "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
+}
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dims: Sequence[int]) -> None:
+    """q (B, H, Sq, D) and k, v (B, H, Sk, D) of one fp32/fp16/bf16 dtype on one device, D in ``head_dims``."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{name} expects (B, H, S, D) tensors, got q{tuple(q.shape)} k{tuple(k.shape)} "
+                         f"v{tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q (B, H, Sq, D) and k, v (B, H, Sk, D) disagree: q{tuple(q.shape)} k{tuple(k.shape)} "
+                         f"v{tuple(v.shape)}")
+    if q.shape[3] not in head_dims:
+        raise ValueError(f"{name} supports head dims {tuple(head_dims)}, got {q.shape[3]}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+        raise ValueError(f"{name} needs q, k, v of one dtype among fp32/fp16/bf16, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
