@@ -560,21 +560,26 @@ _DQ = _autotuned(_attn_bwd_dq, ("BLOCK_M", "BLOCK_N"), ("WARP_SPEC",), _PRUNE_DQ
 #: The autotuners by kernel, for reports (each has ``.cache``: key -> chosen config).
 TUNERS = {"fwd": _FWD, "bwd_dkdv": _DKDV, "bwd_dq": _DQ}
 _PRUNES = {_FWD: _PRUNE_FWD, _DKDV: _PRUNE_DKDV, _DQ: _PRUNE_DQ}
-#: Per table key: the tuned table's configuration where today's pruning keeps it, else None (autotune).
-_FROM_TABLE: dict[str, triton.Config | None] = {}
-#: Table keys whose autotuned choice this process already offered to ``tuned.record``.
-_RECORDED: set[str] = set()
+#: Per launch key (``_launch_key``): the tuned table's configuration where today's pruning keeps it, else
+#: None (autotune). Launch keys are tuples, cheap to build on every call; table keys are made on a miss.
+_FROM_TABLE: dict[tuple, triton.Config | None] = {}
+#: Launch keys whose autotuned choice this process already offered to ``tuned.record``.
+_RECORDED: set[tuple] = set()
 
 
 def tuned_configs() -> dict[str, dict[object, str]]:
     """The configuration used per tuning key: the autotuners' choices, and the tuned table's entries
-    (by table key) where a table served (empty under the interpreter)."""
+    (by launch key: kernel, ``tuned.KEY_ARGS`` values, dtype) where a table served (empty under the
+    interpreter)."""
     chosen = {name: {key: str(cfg) for key, cfg in tuner.cache.items()} for name, tuner in TUNERS.items()}
     for name, tuner in TUNERS.items():
-        prefix = tuner.fn.__name__ + "|"
         chosen[name].update({key: str(cfg) for key, cfg in _FROM_TABLE.items()
-                             if cfg is not None and key.startswith(prefix)})
+                             if cfg is not None and key[0] == tuner.fn.__name__})
     return chosen
+
+
+def _launch_key(tuner, kwargs: dict, dtype: torch.dtype) -> tuple:
+    return (tuner.fn.__name__, *(kwargs[name] for name in tuned.KEY_ARGS), dtype)
 
 
 def _device_name(device: torch.device) -> str:
@@ -586,12 +591,12 @@ def _candidates(tuner, args: tuple, kwargs: dict) -> list[triton.Config]:
     return _PRUNES[tuner](tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)
 
 
-def _table_config(tuner, args: tuple, kwargs: dict, key: str) -> triton.Config | None:
-    """The tuned table's candidate for ``key``, if a table lists one that is still a candidate here."""
+def _table_config(tuner, args: tuple, kwargs: dict, key: tuple) -> triton.Config | None:
+    """The tuned table's candidate for launch key ``key``, if a table lists one still a candidate here."""
     if key not in _FROM_TABLE:
         if not _FROM_TABLE:
             _LOG.info("flash_attn: %s", tuned.describe(_device_name(args[0].device)))
-        listed = tuned.lookup(_device_name(args[0].device), key)
+        listed = tuned.lookup(_device_name(args[0].device), tuned.table_key(key[0], kwargs, key[-1]))
         _FROM_TABLE[key] = None if listed is None else next(
             (c for c in _candidates(tuner, args, kwargs)
              if (c.kwargs, c.num_warps, c.num_stages, c.maxnreg)
@@ -649,7 +654,7 @@ def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> None:
         return
     if kwargs["USE_TMA"]:
         _set_tma_allocator()
-    key = tuned.table_key(tuner.fn.__name__, kwargs, args[0].dtype)
+    key = _launch_key(tuner, kwargs, args[0].dtype)
     cfg = _table_config(tuner, args, kwargs, key)
     if cfg is not None:
         tuner.fn[grid](*args, **kwargs, **cfg.all_kwargs())
@@ -657,7 +662,7 @@ def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> None:
     tuner[grid](*args, **kwargs)
     if key not in _RECORDED:
         _RECORDED.add(key)
-        tuned.record(_device_name(args[0].device), key, tuner.best_config)
+        tuned.record(_device_name(args[0].device), tuned.table_key(key[0], kwargs, key[-1]), tuner.best_config)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -801,7 +806,7 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
 
 def _to_compile(tuner, args: tuple, kwargs: dict) -> list[triton.Config]:
     """The tuned table's configuration where it lists this key, else every autotuning candidate."""
-    cfg = _table_config(tuner, args, kwargs, tuned.table_key(tuner.fn.__name__, kwargs, args[0].dtype))
+    cfg = _table_config(tuner, args, kwargs, _launch_key(tuner, kwargs, args[0].dtype))
     return [cfg] if cfg is not None else _candidates(tuner, args, kwargs)
 
 
