@@ -87,6 +87,15 @@ class ThroughputConfig:
     round_budget_ms: float = 0.0
     input_sets: int = 3  # seeded input sets rotated across timed calls (1: the accuracy inputs only)
     check_rounds: int = 3  # rounds whose last timed output is checked against its float64 reference
+    # 2 or more, below rounds: sequential rounds (stats/sequential_rounds.py): look after min_rounds rounds, then
+    # every look_every, and stop once every candidate's verdict is decided; ``rounds`` is the budget, each look
+    # tests at alpha/looks. 0, or >= rounds (a quick profile's few rounds): every case runs all its rounds
+    min_rounds: int = 0
+    look_every: int = 4
+
+    def __post_init__(self) -> None:
+        if self.min_rounds == 1:
+            raise ValueError("min_rounds (1): a look needs at least 2 paired rounds; give 2 or more (0: no looks)")
 
 
 @dataclass(frozen=True)
@@ -272,6 +281,8 @@ BOUNDS: dict[str, Bounds] = {
     "dimensions.throughput.input_sets": _whole(1, 1000),
     "dimensions.throughput.check_rounds": _whole(0, 100_000),
     "dimensions.throughput.round_budget_ms": Bounds(0, 3_600_000),
+    "dimensions.throughput.min_rounds": _whole(0, 100_000),
+    "dimensions.throughput.look_every": _whole(1, 100_000),
     "executor.jobs": _whole(1, 1024),
     "executor.max_wall_s": Bounds(0, 30 * 24 * 3600, low_open=True),  # a month
     "executor.memory_limit_gb": Bounds(0, 1 << 20, low_open=True),

@@ -33,6 +33,7 @@ from microscope.measures.ceilings import Ceilings
 from microscope.measures.gpu_state import GpuSampler
 from microscope.seeding import derive_seed, generator, seed_everything
 from microscope.stats.metrics import INTERPRETER_MEMORY, SAVED_BYTES
+from microscope.stats.sequential_rounds import RoundLooks
 from microscope.store.records import Record
 
 if TYPE_CHECKING:
@@ -496,9 +497,12 @@ class Runner(RunBase):
             thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
         rotation = self._rotation(case, seed, inputs, buffers, cfg)
         self.log(f"{case.id}: throughput rounds ({len(thunks)} variants, {rotation.n_sets} input sets)")
+        looks = self._round_looks(cfg)
         results = throughput.interleaved(thunks, cfg, self.device, rotation=rotation,
                                          gpu_state=self._gpu.sample if self._gpu is not None else None,
-                                         on_variant=None if getattr(self.mark, "noop", False) else self.mark)
+                                         on_variant=None if getattr(self.mark, "noop", False) else self.mark,
+                                         looks=looks.points if looks else (),
+                                         stop=self._decided_rule(case, timed, looks) if looks else None)
         mode = "forward+backward" if grad_names else "forward"
         flops = self.plugin.flops(case, backward=bool(grad_names))
         nbytes = self.plugin.bytes(case, backward=bool(grad_names))
@@ -520,6 +524,8 @@ class Runner(RunBase):
                        "l2_flush": self.device == "cuda" and cfg.flush_l2, "iqr_rel": timing.iqr_rel,
                        "n_samples": len(timing.samples), "input_sets": rotation.n_sets, "notes": notes,
                        "interpreted": interpreted}
+            if looks is not None:
+                details["sequential"] = looks.as_details(len(timing.rounds))
             if any(timing.gpu):
                 details["gpu_state"] = timing.gpu
                 details["throttled_rounds"] = timing.throttled_rounds
@@ -538,6 +544,32 @@ class Runner(RunBase):
                     extra["ceiling"] = ceiling
                 self._emit(case, seed, name, variant, "throughput", metric, amount / seconds / scale, unit=unit,
                            details=extra)
+
+    def _round_looks(self, cfg: ThroughputConfig) -> RoundLooks | None:
+        """Where sequential rounds look (``throughput.min_rounds`` > 0), at the run's own alpha and band."""
+        if not cfg.min_rounds or cfg.min_rounds >= cfg.rounds:
+            return None
+        return RoundLooks(cfg.min_rounds, cfg.rounds, cfg.look_every, alpha=self.config.stats.alpha,
+                          min_band=self.config.stats.min_band)
+
+    def _decided_rule(self, case: Case, timed: Sequence[tuple[str, Variant]],
+                      looks: RoundLooks) -> Callable[[dict[str, throughput.Timing]], bool]:
+        """The stop rule of a case's rounds: every correct candidate decided against the baseline and the
+        fastest correct peer (a variant that failed an accuracy check has no speed verdict to wait for)."""
+        accepted = self._accepted.get(case.id, {})
+
+        def correct(name: str) -> bool:
+            return None not in accepted.get(name, {}).values()
+
+        base = next((n for n, v in timed if v.role is Role.BASELINE), "")
+        cands = [n for n, v in timed if v.role is Role.CANDIDATE and correct(n)]
+        peers = [n for n, v in timed if v.role is Role.PEER and correct(n)]
+
+        def stop(results: dict[str, throughput.Timing]) -> bool:
+            rounds = {n: t.rounds for n, t in results.items() if t.error is None and t.rounds}
+            return looks.decided(rounds, base, cands, peers)
+
+        return stop
 
     def _rotation(self, case: Case, seed: int, inputs: dict[str, Any], buffers: dict[str, dict[str, Any]],
                   cfg: ThroughputConfig) -> throughput.Rotation:

@@ -370,3 +370,51 @@ def test_cpu_peak_counts_allocations_not_views_of_existing_tensors():
     assert method == "cpu_live_tensor_bytes" and peak == 8 * 256 * 4
     assert memory.peak_bytes(lambda: x.view(-1), "cpu")[0] == 0
     assert memory.peak_bytes(lambda: (x * 2).t().contiguous(), "cpu")[0] == 2 * 8 * 256 * 4  # both live at once
+
+
+SLEEPY = '''
+import time
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+def waits(ms):
+    def call(x):
+        time.sleep(ms / 1e3)
+        return torch.tanh(x)
+    return call
+
+
+@register("sleepy_probe")
+class Sleepy(Ablation):
+    """The same answer, one variant waiting 3x longer: a difference any look decides."""
+
+    variants = {"base": baseline(waits(6)), "quick": candidate(waits(2)), "wrong": candidate(lambda x: x * 0)}
+    cases = grid(n=[33], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+'''
+
+
+def test_sequential_rounds_stop_a_decided_case_and_the_table_judges_it_at_the_per_look_level(tmp_path):
+    """rounds: 40 with min_rounds: 8 stops at the first look (a 3x difference), not waiting for the wrong
+    candidate; the records say how many rounds ran of how many, and the latency row is "faster" with
+    its p-value multiplied by the looks."""
+    from microscope.stats.run_table import save_run_table
+
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    text = ("plugin: sleepy_probe\nplugins: [sleepy.py]\ndimensions:\n"
+            "  throughput: {warmup: 1, rounds: 40, reps: 1, min_rounds: 8}\n  memory: {enabled: false}\n")
+    cfg = cfgmod.loads(text, str(tmp_path / "sleepy.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="s").run()
+    (lat,) = _by(result, variant="quick", metric="latency_ms")
+    seq = lat.details["sequential"]
+    assert len(lat.details["rounds"]) == seq["rounds_run"] < 40 and seq["stopped_early"]
+    assert seq["looks"] > 1 and seq["max_rounds"] == 40
+    table = save_run_table(result.out_dir)
+    row = table[(table["candidate"] == "quick") & (table["metric"] == "latency_ms") & (table["vs"] == "baseline")]
+    assert row["verdict"].item() == "faster"
+    assert f"{seq['looks']} looks" in row["notes"].item()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,8 @@ def interleaved(
     rotation: Rotation | None = None,
     gpu_state: Callable[[], dict[str, Any] | None] | None = None,
     on_variant: Callable[[str], None] | None = None,
+    looks: Sequence[int] = (),
+    stop: Callable[[dict[str, Timing]], bool] | None = None,
 ) -> dict[str, Timing]:
     """Warm every variant up, then time all of them in interleaved rounds.
 
@@ -205,7 +207,9 @@ def interleaved(
     variants of a round stay paired. A variant that raises (during warm-up, capture or a round) keeps
     its error and drops out of later rounds; the others go on. ``on_variant(name)`` runs before each
     variant's warm-up and before its calls of each round, outside the timed region (the executor's
-    "running now" marker).
+    "running now" marker). With ``stop``, after each number of completed rounds in ``looks`` the rounds
+    end early where ``stop(results)`` says the verdicts are decided (sequential rounds); the last round
+    before each look has its output checked, so a run that stops there still checked its last answer.
     """
     rot = rotation or Rotation()
     mode = cfg.mode if device == "cuda" else "events"
@@ -246,6 +250,8 @@ def interleaved(
             results[name].reps = max(1, min(cfg.reps, int(cfg.round_budget_ms // max(ms, 1e-6))))
     order = [n for n in thunks if results[n].error is None]
     checked = rot.rounds_to_check(cfg.rounds)
+    if stop is not None and rot.check is not None:
+        checked |= {n - 1 for n in looks if 0 < n <= cfg.rounds}
     for r in range(cfg.rounds):
         for name in order if r % 2 == 0 else reversed(order):
             timing = results[name]
@@ -271,4 +277,6 @@ def interleaved(
             results[name].gpu.append(state)
         if on_round is not None:
             on_round(r)
+        if stop is not None and r + 1 in looks and r + 1 < cfg.rounds and stop(results):
+            break
     return results

@@ -262,10 +262,12 @@ def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, 
         row.notes.append("ratio cand/base of recorded values; no per-round samples (details.rounds): no test")
         return
     paired = _aligned(base, cand, b, c)
+    seq = _sequential(base, cand)
+    looks = int(seq["looks"]) if seq else 1
     res = compare_latency(
         np.concatenate(b),
         np.concatenate(c),
-        alpha=opts["alpha"],
+        alpha=opts["alpha"] / looks,
         min_band=opts["min_band"],
         n_boot=opts["n_boot"],
         seed=opts["rng"],
@@ -273,13 +275,23 @@ def _latency(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, 
         paired=paired,
     )
     row.baseline_value, row.candidate_value, row.ratio_or_delta = res.base_median, res.cand_median, res.effect
-    row.ci_low, row.ci_high, row.p, row.verdict = res.ci_low, res.ci_high, res.p, res.verdict
+    row.ci_low, row.ci_high, row.verdict = res.ci_low, res.ci_high, res.verdict
+    row.p = min(1.0, res.p * looks) if math.isfinite(res.p) else res.p  # Bonferroni over the looks
     row.n = min(res.n_base, res.n_cand)
     effect = "median per-round ratio" if res.paired else "ratio of medians"
     row.notes.append(
         f"{effect} cand/base; {res.test}; band +-{res.tau:.1%}; P(cand faster)={res.prob_faster:.2f}"
     )
+    if seq:
+        row.notes.append(f"sequential rounds: {row.n} of at most {seq.get('max_rounds')}, {looks} looks at "
+                         f"alpha {opts['alpha'] / looks:.3g} each (p x {looks})")
     row.notes.extend(res.notes)
+
+
+def _sequential(base: pd.DataFrame, cand: pd.DataFrame) -> dict[str, Any] | None:
+    """``details.sequential`` of a sequential-rounds comparison (None for fixed rounds)."""
+    seq = _first_detail((cand, base), "sequential")
+    return seq if isinstance(seq, dict) and int(seq.get("looks") or 0) > 1 else None
 
 
 def _memory(row: _Row, base: pd.DataFrame, cand: pd.DataFrame, opts: dict[str, Any]) -> None:
