@@ -59,6 +59,7 @@ __all__ = [
     "Case",
     "ConvertedLinear",
     "EagerAttention",
+    "Figure",
     "KVCache",
     "NormGelu",
     "Role",
@@ -221,6 +222,11 @@ class Variant:
     true/false) that a config may sweep (``sweep: {triton: {warps: [4, 8]}}``): the run then times, beside
     ``triton`` itself, one variant per value, ``triton[warps=4]`` and ``triton[warps=8]``, in the same
     interleaved rounds.
+
+    ``checked=False`` (peers only) marks a speed-only peer that computes different math, such as exact
+    softmax attention beside a linear-attention kernel: it is timed and measured in the same rounds,
+    its accuracy is recorded as skipped, and it may be the "fastest peer" a candidate is compared with.
+    A candidate is always checked: a wrong kernel never wins.
     """
 
     fn: Callable[..., Any]
@@ -230,6 +236,11 @@ class Variant:
     supports: Callable[[Case, str], str | None] | None = None
     differentiable: bool = True
     params: Mapping[str, Any] = field(default_factory=dict)
+    checked: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.checked and self.role is not Role.PEER:
+            raise ValueError(f"checked=False is for peers only; a {self.role.value} is always accuracy-checked")
 
 
 def baseline(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:
@@ -283,6 +294,16 @@ class Arm:
         if self.calibrate is not None and not self.inference_only:
             raise ValueError("Arm(calibrate=...) needs inference_only=True: calibration runs on the baseline's "
                              "trained weights, which only an inference-only arm loads")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a plugin's own (``Ablation.figures``): its value, unit and which way is better."""
+
+    value: float
+    unit: str = ""
+    higher_is_better: bool | None = None
+    note: str = ""
 
 
 #: Batches of training tokens an inference-only arm's ``calibrate`` receives.
@@ -363,6 +384,14 @@ class Ablation:
         shard[0]``). Before a GPU run the harness calls every shard in its own process, so candidates
         compile side by side into Triton's on-disk cache rather than one by one in the first call.
         ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
+
+    def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> Mapping[str, Mapping[str, Figure]]:
+        """Optional: figures of the plugin's own for one case that no dimension measures (an LSH
+        kernel's recall of the heaviest keys, a paged cache's admitted sequences), as ``{variant: {metric:
+        Figure}}``. Called once per case on the accuracy inputs; each figure becomes a record of the
+        ``figures`` dimension, shown beside the others with its ratio to the baseline's (untested: one
+        value per case). A figure for a variant the run does not include is left out. Default: none."""
+        return {}
 
     def reference(self, inputs: Mapping[str, torch.Tensor]) -> Any:
         """The ground truth: by default the baseline evaluated on float64 copies of the inputs."""

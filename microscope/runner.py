@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from microscope import env as envmod
-from microscope.api import Ablation, Case, Role, Tolerance, Variant, dtype_name, grid
+from microscope.api import Ablation, Case, Figure, Role, Tolerance, Variant, dtype_name, grid
 from microscope.config import RunConfig, ThroughputConfig, case_grids
 from microscope.device import synchronize
 from microscope.executors.groups import Group, Resume, RunOutcome
@@ -32,7 +32,7 @@ from microscope.measures.calls import as_tensors, cotangents, fresh_inputs, make
 from microscope.measures.ceilings import Ceilings
 from microscope.measures.gpu_state import GpuSampler
 from microscope.seeding import derive_seed, generator, seed_everything
-from microscope.stats.metrics import INTERPRETER_MEMORY, SAVED_BYTES
+from microscope.stats.metrics import FIGURES, INTERPRETER_MEMORY, SAVED_BYTES, SPEED_ONLY
 from microscope.stats.sequential_rounds import RoundLooks
 from microscope.store.records import Record
 
@@ -275,7 +275,7 @@ class Runner(RunBase):
               value: float | None, **kw: Any) -> None:
         better = higher_is_better(metric)
         if better is not None:
-            kw["details"] = {**(kw.get("details") or {}), "higher_is_better": better}
+            kw["details"] = {"higher_is_better": better, **(kw.get("details") or {})}
         record = Record(
             run_id=self.run_id, plugin=self.plugin.name, variant=name, role=variant.role.value,
             case_id=case.id, case=case.params, seed=seed, dimension=dimension, metric=metric, value=value,
@@ -386,7 +386,12 @@ class Runner(RunBase):
                 first_inputs = inputs
             if dims.accuracy.enabled:
                 self.on_progress(f"{case.id}: accuracy (repeat {rep + 1}/{self.config.repeats})")
-                broken.update(self._accuracy(case, seed, inputs, active))
+                broken.update(self._accuracy(case, seed, inputs, [(n, v) for n, v in active if v.checked]))
+        if dims.accuracy.enabled:
+            for name, variant in active:
+                if not variant.checked:
+                    self._emit(case, seed0, name, variant, "accuracy", _MAIN_METRIC["accuracy"], None,
+                               status="skipped", reason=SPEED_ONLY)
         assert first_inputs is not None
         timed = [(n, v) for n, v in active if n not in broken]
         for name, variant in active:
@@ -394,12 +399,38 @@ class Runner(RunBase):
                 for dim in enabled[1:] if enabled[0] == "accuracy" else enabled:
                     self._emit(case, seed0, name, variant, dim, _MAIN_METRIC[dim], None, status="failed",
                                reason=f"not measured: the variant failed to run ({broken[name]})")
+        self._figures(case, seed0, first_inputs, active)
         if dims.throughput.enabled:
             self.on_progress(f"{case.id}: throughput")
             self._throughput(case, seed0, first_inputs, timed)
         if dims.memory.enabled:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
+
+    def _figures(self, case: Case, seed: int, inputs: dict[str, Any], active: Sequence[tuple[str, Variant]]) -> None:
+        """The plugin's own figures of this case (``Ablation.figures``) as records of the ``figures``
+        dimension; a hook that raises or returns something else is one failed record, the case goes on."""
+        if type(self.plugin).figures is Ablation.figures:
+            return
+        variants = dict(active)
+        try:
+            got = self.plugin.figures(case, inputs, self.device)
+            rows = [(str(name), str(metric), fig) for name, figs in dict(got).items() if name in variants
+                    for metric, fig in dict(figs).items()]
+            bad = [f"{name}.{metric}" for name, metric, fig in rows if not isinstance(fig, Figure)]
+            if bad:
+                raise TypeError(f"figures() must map variant -> metric -> api.Figure; not a Figure: {', '.join(bad)}")
+        except Exception as exc:
+            name, variant = self.plugin.baseline_variant()
+            self._emit(case, seed, name, variant, FIGURES, FIGURES, None, status="failed",
+                       reason=f"plugin figures() failed: {_describe(exc)}")
+            return
+        for name, metric, fig in rows:
+            details: dict[str, Any] = {"notes": [fig.note] if fig.note else []}
+            if fig.higher_is_better is not None:
+                details["higher_is_better"] = fig.higher_is_better
+            self._emit(case, seed, name, variants[name], FIGURES, metric, float(fig.value), unit=fig.unit,
+                       details=details)
 
     # -- dimensions ---------------------------------------------------------------------------
     def _grad_names(self, case: Case, backward: bool) -> tuple[str, ...]:
@@ -508,7 +539,7 @@ class Runner(RunBase):
         nbytes = self.plugin.bytes(case, backward=bool(grad_names))
         for name, variant in timed:
             timing = results[name]
-            if timing.checks:
+            if timing.checks and variant.checked:
                 self._emit_timed_checks(case, seed, name, variant, timing)
             if timing.error is not None or not timing.rounds:
                 self._emit(case, seed, name, variant, "throughput", "latency_ms", None, status="failed",
@@ -526,6 +557,8 @@ class Runner(RunBase):
                        "interpreted": interpreted}
             if looks is not None:
                 details["sequential"] = looks.as_details(len(timing.rounds))
+            if not variant.checked:
+                details["speed_only"] = True
             if any(timing.gpu):
                 details["gpu_state"] = timing.gpu
                 details["throttled_rounds"] = timing.throttled_rounds

@@ -418,3 +418,73 @@ def test_sequential_rounds_stop_a_decided_case_and_the_table_judges_it_at_the_pe
     row = table[(table["candidate"] == "quick") & (table["metric"] == "latency_ms") & (table["vs"] == "baseline")]
     assert row["verdict"].item() == "faster"
     assert f"{seq['looks']} looks" in row["notes"].item()
+
+
+FIGURES = '''
+import torch
+from microscope.api import Ablation, Figure, Tolerance, baseline, candidate, grid, peer, randn, register
+
+
+@register("figures_probe")
+class Figures(Ablation):
+    """tanh, a correct candidate, and a speed-only peer computing something else (exp)."""
+
+    variants = {"base": baseline(lambda x: torch.tanh(x)), "fused": candidate(lambda x: torch.tanh(x) + 0),
+                "other_math": peer(lambda x: torch.exp(x), checked=False)}
+    cases = grid(n=[33, 64], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+    fail_on = 64
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+
+    def figures(self, case, inputs, device):
+        if case["n"] == self.fail_on:
+            raise RuntimeError("no recall for this case")
+        share = float((inputs["x"] > 0).double().mean())
+        return {"base": {"recall": Figure(1.0, "ratio", True)},
+                "fused": {"recall": Figure(share, "ratio", True, note="share of positive inputs")},
+                "not_in_this_run": {"recall": Figure(0.5)}}
+'''
+
+
+def test_speed_only_peers_and_plugin_figures(tmp_path):
+    """A checked=False peer is timed, its accuracy recorded as skipped, and it can be the fastest peer; a
+    plugin's figures() become records of the figures dimension and info rows; a figures() that raises
+    is one failed record and the case's other measurements stand."""
+    from microscope.api import Variant
+    from microscope.stats.metrics import SPEED_ONLY
+    from microscope.stats.run_table import save_run_table
+
+    (tmp_path / "figures.py").write_text(FIGURES)
+    text = ("plugin: figures_probe\nplugins: [figures.py]\ndimensions:\n"
+            "  throughput: {warmup: 1, rounds: 4, reps: 1}\n  memory: {enabled: false}\n")
+    cfg = cfgmod.loads(text, str(tmp_path / "figures.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="f").run()
+    acc = _by(result, variant="other_math", dimension="accuracy")
+    assert acc and all(r.status == "skipped" and r.reason == SPEED_ONLY for r in acc)
+    lat = _by(result, variant="other_math", metric="latency_ms")
+    assert len(lat) == 2 and all(r.status == "ok" and r.details["speed_only"] for r in lat)
+    figs = [r for r in _by(result, dimension="figures") if r.status == "ok"]
+    assert {(r.case_id, r.variant) for r in figs} == {("n=33,fp32", "base"), ("n=33,fp32", "fused")}
+    (fused,) = [r for r in figs if r.variant == "fused"]
+    assert 0 < fused.value < 1 and fused.unit == "ratio" and fused.details["higher_is_better"] is True
+    (failed,) = [r for r in _by(result, dimension="figures") if r.status == "failed"]
+    assert failed.case_id == "n=64,fp32" and "no recall for this case" in failed.reason
+    assert _by(result, case_id="n=64,fp32", variant="fused", metric="latency_ms")[0].status == "ok"
+    table = save_run_table(result.out_dir)
+    info = table[(table["dimension"] == "figures") & (table["candidate"] == "fused")]
+    assert info["verdict"].tolist() == ["info"] and info["ratio_or_delta"].item() == pytest.approx(fused.value)
+    best = table[(table["vs"] == "best_peer") & (table["candidate"] == "fused")]
+    assert len(best) == 2 and all("speed-only" in n for n in best["notes"])
+    from microscope.report.headline import from_comparison
+
+    lines = [h.text for h in from_comparison(table)]
+    assert any(t.startswith("fused vs the fastest peer (speed only, different math): other_math") for t in lines)
+    assert any(t.startswith("figures() failed in 1 case(s)") for t in lines)
+    assert f"fused: recall {fused.value:.3g} vs base 1" in lines
+    assert "other_math: timed, accuracy not checked (different math)" in lines
+    assert not any("every trial failed" in t for t in lines)  # the hook's failure is not the baseline's
+    with pytest.raises(ValueError, match="peers only"):
+        Variant(lambda x: x, checked=False)

@@ -18,11 +18,13 @@ import pandas as pd
 
 from microscope.stats.latency import RELATIVE_LATENCY
 from microscope.stats.metrics import (
+    FIGURES,
     INTERPRETER_MEMORY,
     INTERPRETER_TIMING,
     NOT_JUDGED,
     SAVED_BYTES,
     SIGNIFICANT_VERDICTS,
+    SPEED_ONLY,
 )
 
 from . import fmt
@@ -176,7 +178,9 @@ def _best_peer_sentence(rows: pd.DataFrame, cand: str) -> tuple[str, tuple[str, 
         spread = fmt.span(speed, fmt.times)
         parts.append(f"{peer} in {len(grp)} case{'s' if len(grp) != 1 else ''}: " + ", ".join(called)
                      + (f" ({spread} its speed)" if spread else ""))
-    text = f"{cand} vs the fastest correct peer: " + ("; ".join(parts) if parts else "none judged")
+    speed_only = rows["notes"].astype(str).str.contains("fastest speed-only").any()
+    kind = "fastest peer (speed only, different math)" if speed_only else "fastest correct peer"
+    text = f"{cand} vs the {kind}: " + ("; ".join(parts) if parts else "none judged")
     if len(judged) < len(rows):
         text += f"; {len(rows) - len(judged)} not judged (fails accuracy)"
     return text + _interpreted_note(judged), ("faster", "slower", "equivalent", "inconclusive", NOT_JUDGED)
@@ -262,9 +266,16 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         for d, m, v, w in zip(table["dimension"], table["metric"], table["verdict"], vs)])
     table = table.assign(_base=table["baseline"].where(table["_family"] != "best_peer", "best peer"))
     plugins = table["plugin"].nunique() > 1
-    out = _rate_headlines(table, plugins)
+    out = _rate_headlines(table, plugins) + _figures_shown(table, plugins)
     table = table[table["_family"] != "info"]
     skipped: dict[str, list[str]] = {}
+    out.extend(_figures_failed(table, plugins))
+    table = table[table["dimension"] != FIGURES]
+    speed_only = table[(table["verdict"] == "skipped") & (table["notes"] == SPEED_ONLY)]
+    if len(speed_only):
+        names = ", ".join(dict.fromkeys(str(c) for c in speed_only["candidate"]))
+        out.append(Headline("speed only", f"{names}: timed, accuracy not checked (different math)", "neutral", {}))
+        table = table.drop(speed_only.index)
     dead = _all_failed(table)
     for (plugin, cand), rows in table[table["candidate"].isin(dead)].groupby(["plugin", "candidate"], sort=False):
         reasons = Counter(str(n) for n in rows["notes"] if str(n))
@@ -312,6 +323,34 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         out.append(Headline(str(dim), text, tone, dict(counts)))
     if skipped:
         out.append(skipped_headline(skipped))
+    return out
+
+
+def _figures_failed(table: pd.DataFrame, plugins: bool) -> list[Headline]:
+    """One line per plugin whose own ``figures()`` raised: the plugin's failure, not its baseline's."""
+    failed = table[(table["dimension"] == FIGURES) & (table["verdict"] == "failed")]
+    out = []
+    for plugin, rows in failed.groupby("plugin", sort=False):
+        why = Counter(str(n) for n in rows["notes"] if str(n)).most_common(1)
+        text = (f"{plugin}: " if plugins else "") + (f"figures() failed in {rows['case_id'].nunique()} case(s): "
+                                                    f"{fmt.clip(why[0][0] if why else 'no reason recorded', 240)}")
+        out.append(Headline(FIGURES, text, "bad", {"failed": len(rows)}))
+    return out
+
+
+def _figures_shown(table: pd.DataFrame, plugins: bool) -> list[Headline]:
+    """"figures: triton: recall 0.62 vs eager 1 in 3 cases": a plugin's own figures, untested, in one line
+    per candidate (medians over the cases)."""
+    shown = table[(table["dimension"] == FIGURES) & (table["verdict"] == "info")]
+    out = []
+    for (plugin, base, cand), rows in shown.groupby(["plugin", "baseline", "candidate"], sort=False):
+        items = []
+        for metric, grp in rows.groupby("metric", sort=False):
+            c, b = grp["candidate_value"].median(), grp["baseline_value"].median()
+            items.append(f"{metric} {c:.3g} vs {base} {b:.3g}")
+        text = (f"{plugin}: " if plugins else "") + f"{cand}: " + ", ".join(items) + (
+            f" (medians of {rows['case_id'].nunique()} cases)" if rows["case_id"].nunique() > 1 else "")
+        out.append(Headline(FIGURES, text, "neutral", {"info": len(rows)}))
     return out
 
 

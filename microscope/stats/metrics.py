@@ -4,8 +4,8 @@ and the verdict words every layer shares (the statistics engine, ``compare``, th
 
 from __future__ import annotations
 
-__all__ = ["INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "VS_BASELINE", "VS_BEST_PEER",
-           "higher_is_better", "memory_verdict", "metric_kind"]
+__all__ = ["FIGURES", "INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "SPEED_ONLY",
+           "VS_BASELINE", "VS_BEST_PEER", "higher_is_better", "memory_verdict", "metric_kind"]
 
 #: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
 #: few blocks with the allocator's history.
@@ -17,6 +17,10 @@ NOT_JUDGED = "not judged"
 #: ``vs`` column: what the candidate is compared with.
 VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
 INTERPRETER_TIMING = "not gated: interpreter timing"
+#: The accuracy record of a ``Variant(checked=False)`` peer.
+SPEED_ONLY = "speed only: a peer that computes different math (checked=False), timed but not accuracy-checked"
+#: The dimension of a plugin's own figures (``Ablation.figures``).
+FIGURES = "figures"
 #: The memory a variant's forward keeps for its backward (the runner's saved-bytes record).
 SAVED_BYTES = "saved_bytes"
 INTERPRETER_MEMORY = "not gated: run by the Triton interpreter, whose memory use is not the compiled kernel's"
@@ -66,6 +70,8 @@ def higher_is_better(metric: str) -> bool:
 def metric_kind(dimension: str, metric: str, has_passed: bool = False) -> str:
     """latency | numerics | model_accuracy | memory | distribution | rate | info (see the module table)."""
     m, d = metric.lower(), dimension.lower()
+    if d == FIGURES:  # a plugin's own figures (Ablation.figures): shown, one value per case, untested
+        return "info"
     if m.startswith("latency") or (d == "throughput" and m.endswith(("_ms", "_us", "_ns"))):
         return "latency"
     if d == "memory" or m.endswith("bytes"):

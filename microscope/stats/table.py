@@ -671,7 +671,9 @@ def _best_peer_rows(df: pd.DataFrame, wrong: dict[tuple[str, str, str], str], op
             except Exception as exc:  # a malformed record must not take the whole table down
                 row.verdict, row.family = "error", None
                 row.notes.append(f"statistics failed: {type(exc).__name__}: {exc}")
-            row.notes.insert(0, f"vs the fastest correct peer in this case ({best}, of {len(medians)})")
+            speed_only = any(bool(_detail(rec, "speed_only")) for _, rec in best_recs.iterrows())
+            what = "speed-only (different math, accuracy not checked)" if speed_only else "correct"
+            row.notes.insert(0, f"vs the fastest {what} peer in this case ({best}, of {len(medians)})")
             out.append(row)
     return out
 
