@@ -43,8 +43,9 @@ step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # shellcheck disable=SC2086
 step gpu_tests "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
 # the wall-time target: the full flash_attn cuda profile (every variant, 8 cases) in <= 60 s
+# (FLASH_S: its step limit, 90 s)
 if [ "${FLASH_CUDA:-1}" = 1 ]; then
-  step flash_attn-cuda 90 python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
+  step flash_attn-cuda "${FLASH_S:-90}" python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
     --out "$WORK/runs" --no-report --no-progress
 fi
 for room in ${ROOMS-flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache}; do
@@ -63,6 +64,8 @@ cd "$WORK" || exit 1
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |
   tar czf "$OUT/runs.tgz" -T -
 tar czf "$OUT/consoles.tgz" ./*.txt
+# where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)
+grep -h "leak\|fresh worker" runs/*/workers/worker-*.log runs/*/groups.jsonl 2>/dev/null | cut -c1-600 | head -20
 for f in ./*.txt; do echo "== $f"; grep -v "^ *$" "$f" | head -40; done
 cd "$OUT" && rm -rf "$WORK"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -211,3 +211,25 @@ def test_workers_use_the_parents_threads_whatever_ray_sets(tmp_path: Path) -> No
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "2"]
+
+
+class _PlanCache:
+    """Stands in for a kernel's per-shape cache: a module-level object that keeps a tensor alive."""
+
+    def __init__(self) -> None:
+        self.table = None
+
+
+def test_a_leak_note_names_the_new_tensors_and_what_holds_them() -> None:
+    """The worker's leak note (GPU only in a run) is built from the garbage collector's live tensors: a
+    tensor kept by an object's attribute after the first group is named with its size and holder."""
+    import torch
+
+    from microscope.executors.worker import leak_suspects, live_tensors
+
+    first = live_tensors("cpu")
+    cache = _PlanCache()
+    cache.table = torch.zeros(1024, 1024)  # 4 MiB born after the "first group"
+    note = leak_suspects(6 * 2**20, "cpu", first)
+    assert "(1024, 1024) float32 4.0 MiB held by a _PlanCache" in note
+    assert note.startswith("4 MiB in ") and "2 MiB held by no Python tensor" in note

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import inspect
 import os
 import re
 import signal
@@ -173,7 +174,58 @@ def _health(device: str, level: list[int]) -> tuple[bool, list[str]]:
     left = torch.cuda.memory_allocated()
     if not level:
         level.append(left)
+        _FIRST_LIVE.update(live_tensors("cuda"))
     elif left > level[0] + LEAK_BYTES:
         return True, [f"the group left {(left - level[0]) / 2**20:.0f} MiB more allocated on the GPU than the "
-                      "worker's first group (a leak); the next group gets a fresh worker, so it is not inherited"]
+                      "worker's first group (a leak); the next group gets a fresh worker, so it is not inherited; "
+                      + leak_suspects(left - level[0], "cuda")]
     return False, []
+
+
+#: id -> bytes of the CUDA tensors alive after a worker's first group (the level a leak is measured from).
+_FIRST_LIVE: dict[int, int] = {}
+
+
+def live_tensors(device_type: str) -> dict[int, int]:
+    """id -> bytes of every tensor on ``device_type`` the garbage collector can see (held from Python)."""
+    return {id(t): t.untyped_storage().nbytes() for t in _tensors_on(device_type)}
+
+
+def leak_suspects(grown: int, device_type: str, first: dict[int, int] | None = None, shown: int = 4) -> str:
+    """What the growth is: the largest tensors born since the first group (``first``, by id) and what holds
+    them, or memory no Python tensor holds (a C++-side cache such as a CUDA graph pool or a workspace)."""
+    first = _FIRST_LIVE if first is None else first
+    new = {id(t): t for t in _tensors_on(device_type) if id(t) not in first}
+    held = sum(t.untyped_storage().nbytes() for t in new.values())
+    parts = [f"{held / 2**20:.0f} MiB in {len(new)} Python-held tensor(s) new since the first group, "
+             f"{max(grown - held, 0) / 2**20:.0f} MiB held by no Python tensor (C++ caches, CUDA graph pools)"]
+    top = sorted(new.values(), key=lambda t: -t.untyped_storage().nbytes())[:shown]
+    for t in top:
+        holders = [_holder(r) for r in gc.get_referrers(t) if r is not new and r is not top
+                   and not inspect.isframe(r)][:3]
+        parts.append(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} "
+                     f"{t.untyped_storage().nbytes() / 2**20:.1f} MiB held by {', '.join(holders) or 'nothing visible'}")
+    return "; ".join(parts)
+
+
+def _tensors_on(device_type: str) -> list[Any]:
+    import torch
+
+    out = []
+    for obj in gc.get_objects():
+        try:
+            if issubclass(type(obj), torch.Tensor) and obj.device.type == device_type:
+                out.append(obj)
+        except Exception:  # noqa: BLE001 - a half-built object or a storage-less tensor subclass
+            continue
+    return out
+
+
+def _holder(ref: object) -> str:
+    """A readable name for what refers to a tensor: the module or object whose attributes a dict is."""
+    if isinstance(ref, dict):
+        for owner in gc.get_referrers(ref):
+            if getattr(owner, "__dict__", None) is ref:
+                return f"module {owner.__name__}" if inspect.ismodule(owner) else f"a {type(owner).__qualname__}"
+        return "a dict"
+    return f"a {type(ref).__qualname__}"
