@@ -116,6 +116,10 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
     runner.on_progress = progress
     runner.log = log
     free_at_start = _gpu_free(spec.device)
+    if spec.device == "cuda" and os.environ.get(LEAK_TRACE) == "1":
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     level: list[int] = []  # GPU memory allocated after the first group
     while True:
         task = conn.recv()
@@ -174,50 +178,91 @@ def _health(device: str, level: list[int]) -> tuple[bool, list[str]]:
     left = torch.cuda.memory_allocated()
     if not level:
         level.append(left)
-        _FIRST_LIVE.update(live_tensors("cuda"))
+        _FIRST.update(_diagnosed(lambda: {"tensors": live_tensors("cuda"), "blocks": _live_blocks()}, {}))
     elif left > level[0] + LEAK_BYTES:
+        why = _diagnosed(lambda: leak_suspects(left - level[0], "cuda", _FIRST.get("tensors", {})),
+                         "what stayed allocated could not be listed")
         return True, [f"the group left {(left - level[0]) / 2**20:.0f} MiB more allocated on the GPU than the "
                       "worker's first group (a leak); the next group gets a fresh worker, so it is not inherited; "
-                      + leak_suspects(left - level[0], "cuda")]
+                      + why]
     return False, []
 
 
-#: id -> bytes of the CUDA tensors alive after a worker's first group (the level a leak is measured from).
-_FIRST_LIVE: dict[int, int] = {}
+#: What was alive after a worker's first group (the level a leak is measured from): tensor ids and, under
+#: ``MICROSCOPE_LEAK_TRACE=1``, the allocator's live block addresses.
+_FIRST: dict[str, Any] = {}
+#: ``MICROSCOPE_LEAK_TRACE=1``: the CUDA allocator records a stack per allocation, so a leak note names
+#: where the blocks no Python tensor holds were allocated (slows every allocation: diagnosis only).
+LEAK_TRACE = "MICROSCOPE_LEAK_TRACE"
+
+
+def _diagnosed(fn: Any, fallback: Any) -> Any:
+    """A diagnosis never costs a group: any error in it gives the fallback."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return fallback
 
 
 def live_tensors(device_type: str) -> dict[int, int]:
     """id -> bytes of every tensor on ``device_type`` the garbage collector can see (held from Python)."""
-    return {id(t): t.untyped_storage().nbytes() for t in _tensors_on(device_type)}
+    return {id(t): n for t, n in _tensors_on(device_type)}
 
 
-def leak_suspects(grown: int, device_type: str, first: dict[int, int] | None = None, shown: int = 4) -> str:
+def leak_suspects(grown: int, device_type: str, first: dict[int, int], shown: int = 4) -> str:
     """What the growth is: the largest tensors born since the first group (``first``, by id) and what holds
     them, or memory no Python tensor holds (a C++-side cache such as a CUDA graph pool or a workspace)."""
-    first = _FIRST_LIVE if first is None else first
-    new = {id(t): t for t in _tensors_on(device_type) if id(t) not in first}
-    held = sum(t.untyped_storage().nbytes() for t in new.values())
+    new = [(t, n) for t, n in _tensors_on(device_type) if id(t) not in first]
+    held = sum(n for _, n in new)
     parts = [f"{held / 2**20:.0f} MiB in {len(new)} Python-held tensor(s) new since the first group, "
              f"{max(grown - held, 0) / 2**20:.0f} MiB held by no Python tensor (C++ caches, CUDA graph pools)"]
-    top = sorted(new.values(), key=lambda t: -t.untyped_storage().nbytes())[:shown]
-    for t in top:
+    top = sorted(new, key=lambda tn: -tn[1])[:shown]
+    for t, n in top:
         holders = [_holder(r) for r in gc.get_referrers(t) if r is not new and r is not top
-                   and not inspect.isframe(r)][:3]
-        parts.append(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} "
-                     f"{t.untyped_storage().nbytes() / 2**20:.1f} MiB held by {', '.join(holders) or 'nothing visible'}")
+                   and not isinstance(r, tuple) and not inspect.isframe(r)][:3]
+        parts.append(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} {n / 2**20:.1f} MiB held by "
+                     f"{', '.join(holders) or 'nothing visible'}")
+    if device_type == "cuda" and _FIRST.get("blocks"):
+        parts.extend(_new_block_sites(_FIRST["blocks"], shown))
     return "; ".join(parts)
 
 
-def _tensors_on(device_type: str) -> list[Any]:
+def _tensors_on(device_type: str) -> list[tuple[Any, int]]:
+    """(tensor, storage bytes) of every tensor on ``device_type`` with a storage (vmap's batched tensors
+    and other wrappers have none and are skipped)."""
     import torch
 
     out = []
     for obj in gc.get_objects():
         try:
             if issubclass(type(obj), torch.Tensor) and obj.device.type == device_type:
-                out.append(obj)
+                out.append((obj, obj.untyped_storage().nbytes()))
         except Exception:  # noqa: BLE001 - a half-built object or a storage-less tensor subclass
             continue
+    return out
+
+
+def _live_blocks() -> set[int]:
+    """Addresses of the allocator's live blocks (only when allocations are traced)."""
+    import torch
+
+    if os.environ.get(LEAK_TRACE) != "1":
+        return set()
+    return {b["address"] for seg in torch.cuda.memory._snapshot()["segments"] for b in seg["blocks"]
+            if b["state"] == "active_allocated"}
+
+
+def _new_block_sites(first: set[int], shown: int) -> list[str]:
+    """The largest live blocks allocated since the first group, each with the innermost frames of its stack."""
+    import torch
+
+    blocks = [b for seg in torch.cuda.memory._snapshot()["segments"] for b in seg["blocks"]
+              if b["state"] == "active_allocated" and b["address"] not in first]
+    out = []
+    for b in sorted(blocks, key=lambda b: -b["size"])[:shown]:
+        frames = [f"{f.get('name')} ({os.path.basename(str(f.get('filename')))}:{f.get('line')})"
+                  for f in b.get("frames", []) if f.get("name")][:6]
+        out.append(f"block {b['size'] / 2**20:.1f} MiB allocated at " + " < ".join(frames))
     return out
 
 
