@@ -41,7 +41,7 @@ def on_a_new_stream(x):
     return y
 
 
-@register("worker_health_probe")
+@register("worker_health_probe_{candidate}")
 class Probe(Ablation):
     """x * 2, plainly, keeping a tensor per call, and on a fresh stream through a matmul."""
 
@@ -56,7 +56,7 @@ class Probe(Ablation):
 
 def _groups(tmp_path: Path, candidate: str, leak_from: int = 0) -> list[dict]:
     (tmp_path / "probe.py").write_text(PLUGIN.format(candidate=candidate, leak_from=leak_from))
-    (tmp_path / "probe.yaml").write_text("plugin: worker_health_probe\nplugins: [probe.py]\n"
+    (tmp_path / "probe.yaml").write_text(f"plugin: worker_health_probe_{candidate}\nplugins: [probe.py]\n"
                                          "dimensions:\n  throughput: {warmup: 1, rounds: 2, reps: 1}\n"
                                          "  memory: {enabled: false}\n")
     assert cli.main(["run", str(tmp_path / "probe.yaml"), "--device", "cuda", "--out", str(tmp_path / "runs"),

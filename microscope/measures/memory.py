@@ -87,15 +87,22 @@ def saved_for_backward_bytes(forward: Callable[[], Any]) -> int:
     because the caller holds its inputs anyway).
     """
     kept: dict[tuple[str, int], int] = {}
+    held: list[torch.Tensor] = []  # alive until the forward ends, so no two saved storages share an address
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> None:
+        # held here, not in the graph: packing the tensor itself makes an output its own grad_fn's saved
+        # tensor, a reference cycle through C++ that the garbage collector cannot free (graphs stayed alive)
         storage = t.untyped_storage()
         kept[(t.device.type, storage.data_ptr())] = storage.nbytes()
-        return t
+        held.append(t)
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("saved_for_backward_bytes measures a forward; its graph cannot run backward")
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = forward()
     del out
+    held.clear()
     return sum(kept.values())
 
 
