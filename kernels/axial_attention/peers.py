@@ -2,8 +2,8 @@
 
 * ``sdpa_axial``: the same axial attention with torch SDPA in both passes (same math: accuracy-checked).
 * ``sdpa_full`` and ``flash_full``: **full** attention over all ``rows * cols`` tokens (torch SDPA;
-  microscope's FA2 Triton kernel): what axial attention replaces. Different math, so they are speed
-  comparators for ``ablations/axial_attention_speed.yaml``, which runs without the accuracy dimension.
+  microscope's FA2 Triton kernel): what axial attention replaces. Different math: the plugin declares them
+  speed-only peers (``checked=False``).
 """
 
 from __future__ import annotations

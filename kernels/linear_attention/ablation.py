@@ -6,9 +6,10 @@ random features; cosFormer's are always ``2 * head_dim``, its cos and sin halves
 (``performer`` | ``cosformer``), ``causal``, ``chunk`` (the kernel's C), ``dtype``.
 
 Peers: exact softmax attention (SDPA's flash backend, microscope's FlashAttention-2 kernel) on the same
-q, k, v. Different math, so they are speed-only: they run on a GPU in the ``bench`` profile, which sweeps
-the sequence length with the accuracy dimension off, so the table's ``triton/best peer`` column shows
-where the linear kernel overtakes FlashAttention (``peers.py``).
+q, k, v. Different math, so they are speed-only peers (``checked=False``); the ``bench`` profile sweeps the
+sequence length, so the table's ``triton/best peer`` column shows where the linear kernel overtakes
+FlashAttention (``peers.py``). The eager baseline materializes (S x S) matrices: on a GPU it refuses a case
+whose matrices would not fit (``quadratic_bytes``), which records it as skipped rather than failed.
 
 Model level: the embedded causal LM trained with Performer or cosFormer attention in every block against
 its softmax attention (``model.py``); Linformer cannot be an arm of a causal LM (README).
@@ -29,6 +30,9 @@ from .peers import flash_attn_softmax, sdpa_flash_softmax, softmax_supports
 
 #: float64 elements of the (rows, Sk) matrices per step of the chunked ground truth (1 GiB each).
 _TRUTH_ELEMENTS = 1 << 27
+#: The share of the GPU memory available at a case's start that the eager form's forward (S x S) matrices may
+#: take: its backward holds gradients of the same size, and the allocator needs slack.
+QUADRATIC_SHARE = 2 / 3
 
 
 def _positive_int(case: Case, name: str) -> int:
@@ -60,6 +64,36 @@ def _triton_supports(case: Case, device: str) -> str | None:
     return None
 
 
+def quadratic_bytes(case: Case) -> int:
+    """Bytes of the (B, H, S, S) matrices ``linear_attention_reference`` holds at once in its forward: A =
+    phi(q) phi(k)^T and its masked or re-weighted copy; Performer adds the float32 re-weighting exponent and,
+    below fp32, its cast to A's dtype. (The (S, S) causal mask, without B and H, is left to the margin.)"""
+    item = case.dtype.itemsize
+    if case["feature_map"] == "performer":
+        per_score = 2 * item + 4 + (item if item != 4 else 0)
+    else:
+        per_score = 2 * item if case["causal"] else item
+    return case["batch"] * case["heads"] * case["seq"] ** 2 * per_score
+
+
+def _eager_supports(case: Case, device: str) -> str | None:
+    """Refuse, on a GPU only, a case whose forward (S x S) matrices would take more than ``QUADRATIC_SHARE``
+    of the memory available now (free, plus what PyTorch's allocator holds unused)."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        check_case(case)
+    except ValueError:
+        return None  # inputs() fails the case with the reason
+    free, _ = torch.cuda.mem_get_info(device)
+    available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    need = quadratic_bytes(case)
+    if need <= QUADRATIC_SHARE * available:
+        return None
+    return (f"the quadratic form would hold {need / 2**30:.1f} GiB of (S x S) matrices, more than "
+            f"{QUADRATIC_SHARE:.0%} of the {available / 2**30:.1f} GiB of GPU memory available")
+
+
 def linear_form_flops(batch: int, heads: int, seq: int, head_dim: int, features: int, feature_map: str,
                       backward: bool = False) -> float:
     """FLOPs the linear form needs, causal or not: ``phi(K)^T V`` and ``phi(Q) S`` (2·S·F·D each), the
@@ -80,14 +114,15 @@ class LinearAttention(Ablation):
 
     variants = {
         "eager": baseline(eager_linear_attention, "feature map, then phi(q) phi(k)^T materialized, masked, "
-                                                  "normalized, in plain PyTorch"),
+                                                  "normalized, in plain PyTorch", supports=_eager_supports),
         "triton": candidate(triton_linear_attention, "feature map, then the chunked Triton kernel (fp32 states)",
                             needs=("triton",), supports=_triton_supports),
         "sdpa_flash": peer(sdpa_flash_softmax, "exact softmax attention, SDPA FlashAttention-2 backend "
-                                               "(different math: speed only)", supports=softmax_supports("sdpa_flash")),
+                                               "(different math: speed only)", supports=softmax_supports("sdpa_flash"),
+                           checked=False),
         "flash_attn": peer(flash_attn_softmax, "exact softmax attention, microscope's FlashAttention-2 Triton kernel "
                                                "(different math: speed only)",
-                           needs=("triton",), supports=softmax_supports("flash_attn")),
+                           needs=("triton",), supports=softmax_supports("flash_attn"), checked=False),
     }
     cases = grid(batch=[1], heads=[2], seq=[100], head_dim=[32], features=[64],
                  feature_map=["performer", "cosformer"], causal=[False, True], chunk=[32], dtype=["fp32", "bf16"])

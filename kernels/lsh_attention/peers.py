@@ -3,8 +3,8 @@
 * ``sdpa_masked``: the same LSH attention as SDPA with the dense union mask (what one writes first): the
   same math, so it is held to the same accuracy check.
 * ``sdpa_full`` and ``flash_full``: **full** attention over every key (torch SDPA; microscope's FA2 Triton
-  kernel). Different math: they are the "speed vs full attention" comparators and belong in a run with the
-  accuracy dimension off (``ablations/lsh_attention_speed.yaml``); the LSH arguments are accepted and ignored.
+  kernel). Different math: the plugin declares them speed-only peers (``checked=False``), the "speed vs full
+  attention" comparators; the LSH arguments are accepted and ignored.
 """
 
 from __future__ import annotations

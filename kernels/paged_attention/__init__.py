@@ -1,4 +1,5 @@
-"""Paged KV cache: a block allocator, a block-table Triton decode kernel (capacity counts: capacity.py; README.md)."""
+"""Paged KV cache: a block allocator, a block-table Triton decode kernel (capacity counts: capacity.py, reported by the
+plugin's figures; README.md)."""
 
 from microscope_kernels.paged_attention.allocator import SENTINEL, BlockAllocator, PoolExhausted, blocks_for
 from microscope_kernels.paged_attention.kernel import PAGE_SIZES, paged_decode_attention

@@ -10,14 +10,19 @@ Two modes (case parameter ``mode``):
   the allocator for the tokens each sequence holds. The harness's memory dimension (bytes allocated
   by the call) then measures each layout's footprint for the same workload.
 
-How many sequences fit in a memory budget (the concurrency claim) is ``capacity.py``'s measure.
+How many sequences fit in a memory budget, and the fragmentation (the concurrency claim), are the plugin's
+``figures()``, counted by ``capacity.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from microscope_kernels.paged_attention.allocator import blocks_for
 from microscope_kernels.paged_attention.cache import contiguous_from_packed, paged_from_contiguous, paged_from_packed
+from microscope_kernels.paged_attention.capacity import CacheLayout, capacity, mixed_workload
 from microscope_kernels.paged_attention.kernel import PAGE_SIZES, paged_decode_attention
 from microscope_kernels.paged_attention.reference import (
     eager_decode_attention,
@@ -25,7 +30,7 @@ from microscope_kernels.paged_attention.reference import (
     sdpa_decode_attention,
 )
 
-from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Case, Figure, Tolerance, baseline, candidate, grid, peer, randn, register
 
 MODES = ("decode", "serve")
 LENGTHS = ("equal", "mixed")
@@ -34,6 +39,9 @@ LENGTHS = ("equal", "mixed")
 WORKLOAD_SEED = 0
 #: What a config may sweep on ``triton_paged`` (0: the kernel's own choice, autotuned on a GPU).
 PAGED_PARAMS = {"split_len": 0, "block_t": 0, "stages": 0}
+#: Length distributions of the capacity figures' request streams (``capacity.mixed_workload``): mostly short
+#: (chat traffic), and uniform.
+CAPACITY_WORKLOADS = ("loguniform", "uniform")
 
 
 def workload_lengths(batch: int, tokens: int, lengths: str) -> list[int]:
@@ -164,6 +172,27 @@ class PagedAttention(Ablation):
         order = torch.randperm(sum(blocks_for(n, block) for n in lengths), generator=gen)
         k_pool, v_pool, block_table = paged_from_contiguous(k, v, lengths, block, order)
         return {**common, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "block_table": block_table}
+
+    def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> dict[str, dict[str, Figure]]:
+        """Sequences admitted and fragmentation (``capacity.capacity``), paged for ``triton_paged`` and
+        contiguous for the others, in the budget of this case's contiguous cache (``batch`` x ``tokens``
+        slots, so the contiguous layout admits ``batch``) from seeded request streams of lengths on [1,
+        ``tokens``], one request more than the budget has blocks (``WORKLOAD_SEED``; one per distribution)."""
+        _check_case(case)
+        layout = CacheLayout(case["heads"], case["head_dim"], case.dtype, case["block"])
+        budget = case["batch"] * case["tokens"] * layout.token_bytes
+        requests = max(case["batch"], budget // layout.block_bytes) + 1
+        paged: dict[str, Figure] = {}
+        contiguous: dict[str, Figure] = {}
+        for dist in CAPACITY_WORKLOADS:
+            got = capacity(budget, layout, mixed_workload(requests, case["tokens"], WORKLOAD_SEED, dist),
+                           max_len=case["tokens"])
+            note = f"{dist} lengths, a budget of {case['batch']} x {case['tokens']} slots"
+            for figs, admission in ((paged, got.paged), (contiguous, got.contiguous)):
+                figs[f"admitted.{dist}"] = Figure(admission.admitted, "sequences", True, note)
+                figs[f"fragmentation.{dist}"] = Figure(admission.fragmentation, "ratio", False,
+                                                       "reserved but unused bytes / reserved bytes")
+        return {name: paged if name == "triton_paged" else contiguous for name in self.variants}
 
     def flops(self, case: Case, backward: bool = False) -> float | None:
         """q.k^T and p.v over the tokens held: 2 multiply-adds per cached element of K and of V."""

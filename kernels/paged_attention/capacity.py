@@ -4,22 +4,18 @@ This is the claim "max concurrency 3 -> 27" made countable: sequences arrive in 
 until the next one does not fit. A contiguous cache reserves ``max_len`` token slots per sequence (a
 server cannot know in advance how long a sequence will grow); a paged cache takes blocks from the
 real ``BlockAllocator`` for the tokens a sequence holds. Fragmentation is the reserved-but-unused share
-of the reserved bytes. The figures depend on the workload's lengths, so the workload is an input:
-
-    python -m microscope_kernels.paged_attention.capacity --budget-gib 16 --max-len 8192 --dist uniform
+of the reserved bytes. The figures depend on the workload's lengths, so the workload is an input; the
+plugin reports them per case (``PagedAttention.figures``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from microscope_kernels.paged_attention.allocator import BlockAllocator, PoolExhausted
-
-from microscope.api import DTYPES
 
 #: Length distributions of ``mixed_workload``: uniform on [1, max_len], or log-uniform (most
 #: sequences short, a few long, as in chat traffic).
@@ -118,51 +114,3 @@ def capacity(budget_bytes: int, layout: CacheLayout, lengths: Sequence[int], max
     reserved = (allocator.num_blocks - allocator.free_blocks) * layout.block_bytes
     paged = Admission(admitted, reserved, sum(lengths[:admitted]) * layout.token_bytes)
     return Capacity(contiguous, paged)
-
-
-def report(budget_bytes: int, layout: CacheLayout, lengths: Sequence[int], max_len: int,
-           block_sizes: Sequence[int]) -> list[str]:
-    """The capacity table as text lines: the contiguous layout, then paged at each block size."""
-    lines = []
-    for block in block_sizes:
-        paged_layout = CacheLayout(layout.heads, layout.head_dim, layout.dtype, block, layout.layers)
-        result = capacity(budget_bytes, paged_layout, lengths, max_len)
-        if not lines:
-            c = result.contiguous
-            lines.append(f"contiguous ({max_len} slots each): {c.admitted} admitted, "
-                         f"fragmentation {c.fragmentation:.1%}")
-        p = result.paged
-        lines.append(f"paged, block {block}: {p.admitted} admitted (x{result.concurrency_ratio:.2f}), "
-                     f"fragmentation {p.fragmentation:.1%} ({result.fragmentation_change:+.1%})")
-    return lines
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budget-gib", type=float, default=16.0, help="KV-cache memory budget (GiB)")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--dtype", choices=[n for n in DTYPES if n != "fp64"], default="bf16")
-    parser.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128], help="paged block sizes")
-    parser.add_argument("--max-len", type=int, default=8192, help="longest sequence; each contiguous reservation")
-    parser.add_argument("--requests", type=int, default=1024, help="sequences in the workload")
-    parser.add_argument("--dist", choices=DISTRIBUTIONS, default="uniform")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    numbers = (args.layers, args.heads, args.head_dim, args.max_len, args.requests, *args.blocks)
-    if args.budget_gib <= 0 or min(numbers) < 1:
-        parser.error("the budget, layers, heads, head dim, max length, requests and block sizes must be positive")
-    layout = CacheLayout(args.heads, args.head_dim, DTYPES[args.dtype], args.blocks[0], args.layers)
-    lengths = mixed_workload(args.requests, args.max_len, args.seed, args.dist)
-    budget = int(args.budget_gib * 2**30)
-    print(f"budget {args.budget_gib:g} GiB; {args.layers} layers x {args.heads} heads x {args.head_dim} dims "
-          f"{args.dtype} ({layout.token_bytes / 2**10:g} KiB per token); {args.requests} requests, lengths "
-          f"{args.dist} on [1, {args.max_len}] (seed {args.seed}, mean {sum(lengths) / max(len(lengths), 1):.0f})")
-    for line in report(budget, layout, lengths, args.max_len, args.blocks):
-        print(line)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -170,11 +170,23 @@ def _case(**over) -> Case:
 def test_the_configs_load_on_every_device():
     from microscope.commands import load_checked
 
-    for name in ("axial_attention.yaml", "axial_attention_speed.yaml"):
-        path = Path(__file__).resolve().parents[2] / "ablations" / name
-        for device in ("cpu", "cuda"):
-            for quick in (False, True):
-                load_checked(path, device, quick)
+    path = Path(__file__).resolve().parents[2] / "ablations" / "axial_attention.yaml"
+    for device in ("cpu", "cuda"):
+        for quick in (False, True):
+            for profile in (None, "bench"):
+                config, _ = load_checked(path, device, quick, {"profile": profile} if profile else None)
+                assert config.variants == ()  # every variant, the full-attention peers included
+
+
+def test_one_run_times_full_attention_as_speed_only_peers(run_room):
+    """The claim's comparison and the accuracy check in one run: the full-attention peers are timed, their
+    accuracy skipped as speed only, while the candidate is checked against the float64 axial truth."""
+    run = run_room("axial_attention", {"cases": {"causal": [True], "dtype": ["fp32"]}})
+    run.check_speed_only("sdpa_full", "flash_full")
+    for name in ("triton", "sdpa_axial"):
+        acc = run.find(variant=name, dimension="accuracy")
+        assert acc and all(r.status == "ok" and r.passed for r in acc), name
+    assert any(h.startswith("triton vs the fastest") for h in run.headlines), run.headlines
 
 
 def test_inputs_reject_bad_case_values_with_a_clear_message():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from microscope_kernels.linear_attention import kernel
-from microscope_kernels.linear_attention.ablation import LinearAttention, linear_form_flops
+from microscope_kernels.linear_attention.ablation import LinearAttention, linear_form_flops, quadratic_bytes
 from microscope_kernels.linear_attention.attention import eager_linear_attention, triton_linear_attention
 from microscope_kernels.linear_attention.features import (
     cosformer_features,
@@ -25,7 +25,6 @@ from microscope_kernels.linear_attention.features import (
 )
 from microscope_kernels.linear_attention.kernel import linear_attention
 from microscope_kernels.linear_attention.model import FeatureMapAttention, use_cosformer, use_performer
-from microscope_kernels.linear_attention.peers import SPEED_ONLY
 from microscope_kernels.linear_attention.reference import (
     linear_attention_reference,
     linformer_attention,
@@ -302,9 +301,9 @@ def test_the_configs_load_on_every_device_and_profile():
         for device in ("cpu", "cuda"):
             for quick in (False, True):
                 load_checked(root / name, device, quick)
-    bench = load_checked(root / "linear_attention.yaml", "cuda", False, overrides={"profile": "bench"})
-    config = bench[0] if isinstance(bench, tuple) else bench
+    config, _ = load_checked(root / "linear_attention.yaml", "cuda", False, overrides={"profile": "bench"})
     assert not config.dimensions.accuracy.enabled and config.dimensions.throughput.table
+    assert config.variants == ()  # every profile runs every variant, the speed-only peers included
 
 
 def test_inputs_reject_bad_case_values_with_a_clear_message():
@@ -317,10 +316,47 @@ def test_inputs_reject_bad_case_values_with_a_clear_message():
             plugin.inputs(_case(**over), torch.Generator().manual_seed(0), "cpu")
 
 
-def test_softmax_peers_are_speed_only_and_need_a_gpu():
+def test_softmax_peers_are_speed_only_where_their_backend_runs():
     plugin = LinearAttention()
-    for name in ("sdpa_flash", "flash_attn"):
-        assert plugin.variants[name].supports(_case(dtype="bf16"), "cpu") == SPEED_ONLY
+    assert not plugin.variants["sdpa_flash"].checked and not plugin.variants["flash_attn"].checked
+    assert plugin.variants["sdpa_flash"].supports(_case(dtype="bf16"), "cpu") == "needs a CUDA device"
+    assert plugin.variants["flash_attn"].supports(_case(dtype="bf16"), "cpu") is None
+    assert "head_dim" in plugin.variants["flash_attn"].supports(_case(head_dim=16, features=16), "cpu")
+
+
+def test_one_run_times_the_softmax_peers_as_speed_only(run_room):
+    run = run_room("linear_attention", {"cases": {"feature_map": ["performer"], "causal": [True], "dtype": ["bf16"]}})
+    run.check_speed_only("flash_attn")
+    assert {r.reason for r in run.find(variant="sdpa_flash")} == {"needs a CUDA device"}
+    acc = run.find(variant="triton", dimension="accuracy")
+    assert acc and all(r.status == "ok" and r.passed for r in acc)
+
+
+def test_quadratic_bytes_count_the_eager_forms_s_by_s_matrices():
+    n = 16 * 32768**2
+    assert quadratic_bytes(_case(heads=16, seq=32768, head_dim=64, features=128, dtype="bf16")) == n * (2 + 4 + 2 + 2)
+    assert quadratic_bytes(_case(seq=77, dtype="fp32")) == 2 * 77**2 * (4 + 4 + 4)  # no cast at fp32
+    cos = {"feature_map": "cosformer", "head_dim": 64, "features": 128, "dtype": "bf16"}
+    assert quadratic_bytes(_case(**cos, causal=True)) == 2 * 100**2 * 2 * 2
+    assert quadratic_bytes(_case(**cos, causal=False)) == 2 * 100**2 * 2
+
+
+def test_eager_skips_a_case_whose_matrices_would_not_fit_on_the_gpu(monkeypatch):
+    """The H200 bench run: eager Performer at S 32k asked for 32 GiB with 129.85 GiB already allocated (the
+    estimate: 160 GiB); cosFormer ran there (64 GiB causal), Performer at 16k too (40 GiB). Never on the CPU."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (136 * gib, int(139.8 * gib)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    supports = LinearAttention().variants["eager"].supports
+    bench = {"heads": 16, "head_dim": 64, "features": 128, "chunk": 64, "dtype": "bf16"}
+    reason = supports(_case(**bench, seq=32768), "cuda")
+    assert reason.startswith("the quadratic form would hold 160.0 GiB of (S x S) matrices") and "138.0 GiB" in reason
+    assert supports(_case(**bench, seq=32768), "cpu") is None
+    assert supports(_case(**bench, seq=16384), "cuda") is None
+    cos = {**bench, "feature_map": "cosformer"}
+    assert supports(_case(**cos, seq=32768, causal=True), "cuda") is None
+    assert supports(_case(**{**cos, "chunk": 24}, seq=32768), "cuda") is None  # inputs() fails it, with the reason
 
 
 def test_flops_count_the_linear_form():

@@ -21,8 +21,7 @@ from microscope_kernels.lsh_attention.kernel import lsh_attention
 from microscope_kernels.lsh_attention.model import LSHAttention, use_lsh_attention, window_for
 from microscope_kernels.lsh_attention.peers import flash_full, sdpa_full, sdpa_masked
 from microscope_kernels.lsh_attention.plan import build_plan
-from microscope_kernels.lsh_attention.recall import main as recall_main
-from microscope_kernels.lsh_attention.recall import recall, sweep
+from microscope_kernels.lsh_attention.recall import clustered_qk, recall
 from microscope_kernels.lsh_attention.reference import full_attention, lsh_attention_reference
 from microscope_kernels.lsh_attention.sorting import bucket_counts, permute, sort_by_bucket, unpermute
 from microscope_kernels.lsh_attention.visibility import LSHSpec, key_intervals, scored_pairs, visible_mask
@@ -296,15 +295,34 @@ def test_recall_grows_as_buckets_get_fewer_on_a_planted_case(seed):
     assert recalls[0] > recalls[1] + 0.1 and recalls[1] > recalls[2] + 0.02, recalls  # 40 seeds: >= 0.26, 0.077
 
 
-def test_recall_cli_prints_a_table(capsys):
-    assert recall_main(["--seq", "64", "--head-dim", "16", "--heads", "1", "--chunk", "8", "--buckets", "2",
-                        "4", "--top-k", "4"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("clustered q/k, S 64") and "top-4 recall" in lines[1] and len(lines) == 4
-    with pytest.raises(SystemExit):
-        recall_main(["--seq", "64", "--buckets", "3"])
-    rows = sweep("random", 64, 16, 8, 1, [2, 4], heads=1)
-    assert [r.n_buckets for r in rows] == [2, 4] and all(0 <= r.top_k_recall <= 1 for r in rows)
+@pytest.mark.parametrize(("causal", "rule"), [(False, "chunk"), (True, "window")])
+def test_recall_a_few_rows_at_a_time_equals_recall_at_once(seed, causal, rule):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 2, 45, 16, generator=gen), torch.randn(2, 2, 45, 16, generator=gen)
+    rot = draw_rotations(2, 16, 4, gen)
+    whole = recall(q, k, rot, 4, 6, causal, rule, top_k=5)
+    stepped = recall(q, k, rot, 4, 6, causal, rule, top_k=5, rows_per_step=7)
+    assert whole.keys_scored == stepped.keys_scored and whole.keys_seen == pytest.approx(stepped.keys_seen)
+    assert stepped.top_k_recall == pytest.approx(whole.top_k_recall)
+    assert stepped.mass_kept == pytest.approx(whole.mass_kept)
+
+
+def test_clustered_qk_gives_each_query_keys_to_attend_to(seed):
+    """Seeded like every input; full attention puts far more weight on a query's 8 heaviest keys than on
+    random normal q/k, whose softmax is nearly flat."""
+    shape = (1, 2, 256, 32)
+    q, k = clustered_qk(shape, torch.bfloat16, torch.Generator().manual_seed(seed), "cpu")
+    again = clustered_qk(shape, torch.bfloat16, torch.Generator().manual_seed(seed), "cpu")
+    assert q.dtype == k.dtype == torch.bfloat16 and q.shape == k.shape == shape
+    assert torch.equal(q, again[0]) and torch.equal(k, again[1])
+
+    def top8_mass(q: torch.Tensor, k: torch.Tensor) -> float:
+        probs = torch.softmax(q.double() @ k.double().transpose(-2, -1) / 32**0.5, dim=-1)
+        return float(probs.topk(8, dim=-1).values.sum(-1).mean())
+
+    gen = torch.Generator().manual_seed(seed)
+    flat = top8_mass(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+    assert top8_mass(q, k) > 1.7 * flat  # about 0.40 vs 0.19
 
 
 # -- peers ----------------------------------------------------------------------------------------------------
@@ -328,7 +346,7 @@ def test_peers(seed):
 
 def _case(**over) -> Case:
     params = {"batch": 1, "heads": 2, "seq": 100, "head_dim": 64, "n_buckets": 4, "n_hashes": 2, "chunk": 14,
-              "rule": "chunk", "causal": False, "dtype": "fp32"}
+              "rule": "chunk", "causal": False, "data": "random", "dtype": "fp32"}
     params.update(over)
     return Case.of(**params)
 
@@ -336,11 +354,53 @@ def _case(**over) -> Case:
 def test_the_configs_load_on_every_device():
     from microscope.commands import load_checked
 
-    for name in ("lsh_attention.yaml", "lsh_attention_speed.yaml", "lsh_attention_model.yaml"):
-        path = Path(__file__).resolve().parents[2] / "ablations" / name
-        for device in ("cpu", "cuda"):
-            for quick in (False, True):
-                load_checked(path, device, quick)
+    root = Path(__file__).resolve().parents[2] / "ablations"
+    for device in ("cpu", "cuda"):
+        for quick in (False, True):
+            load_checked(root / "lsh_attention_model.yaml", device, quick)
+            for profile in (None, "bench", "recall"):
+                config, _ = load_checked(root / "lsh_attention.yaml", device, quick,
+                                         {"profile": profile} if profile else None)
+                assert config.variants == (("triton", "sdpa_full") if profile == "recall" else ())
+
+
+def test_one_run_records_recall_figures_and_times_full_attention(run_room):
+    """The figures of a run are recall.py's on the case's own inputs (the harness's seeded draw), the same
+    for every variant computing the bucketed attention and 1 for full attention, which runs as speed-only
+    peers beside the accuracy-checked kernel."""
+    from microscope.seeding import generator
+
+    run = run_room("lsh_attention", {"cases": {"causal": [True], "dtype": ["fp32"]}})
+    run.check_speed_only("sdpa_full", "flash_full")
+    acc = run.find(variant="triton", dimension="accuracy")
+    assert acc and all(r.status == "ok" and r.passed for r in acc)
+    figs = run.find(dimension="figures")
+    assert {r.variant for r in figs} == {"eager", "triton", "sdpa_masked", "sdpa_full", "flash_full"}
+    got = {(r.variant, r.metric): r.value for r in figs}
+    case = Case.of(**figs[0].case)
+    inputs = LSHAttentionAblation().inputs(case, generator(figs[0].seed), "cpu")
+    want = recall(inputs["q"], inputs["k"], inputs["rotations"], 4, 16, causal=True, top_k=8)
+    seen = visible_mask(LSHSpec(4, 16, True), key_intervals(LSHSpec(4, 16, True), inputs["q"], inputs["k"],
+                                                           inputs["rotations"]))
+    for name in ("eager", "triton", "sdpa_masked"):
+        assert got[name, "top8_recall"] == pytest.approx(want.top_k_recall)
+        assert got[name, "mass_kept"] == pytest.approx(want.mass_kept)
+        assert got[name, "keys_seen"] == pytest.approx(float(seen.sum()) / (2 * 100))
+    assert 0 < want.top_k_recall < 1
+    for name in ("sdpa_full", "flash_full"):
+        assert got[name, "top8_recall"] == got[name, "mass_kept"] == 1.0
+        assert got[name, "keys_seen"] == pytest.approx(sum(range(1, 101)) / 100)  # causal: query i sees i + 1
+    assert f"sdpa_full: top8_recall 1 vs eager {want.top_k_recall:.3g}" in " ".join(run.headlines)
+
+
+def test_the_recall_profile_sweeps_buckets_on_clustered_inputs_without_running_a_variant(run_room):
+    grid = {"batch": [1], "heads": [4], "seq": [1024], "head_dim": [64], "n_buckets": [2, 16], "n_hashes": [2],
+            "chunk": [64], "rule": ["chunk"], "causal": [False], "data": ["clustered"], "dtype": ["fp32"]}
+    run = run_room("lsh_attention", {"cases": grid}, profile="recall")  # two of the profile's cases
+    assert {r.dimension for r in run.records} == {"figures"}
+    recalls = {r.case["n_buckets"]: r.value for r in run.find(variant="triton", metric="top8_recall")}
+    assert {r.case["data"] for r in run.records} == {"clustered"} and set(recalls) == {2, 16}
+    assert recalls[16] > recalls[2] + 0.2  # 0.64 vs 0.27 at this seed (README's recall table)
 
 
 def test_inputs_reject_bad_case_values_with_a_clear_message():
@@ -348,7 +408,8 @@ def test_inputs_reject_bad_case_values_with_a_clear_message():
     for over, message in (({"n_buckets": 3}, "n_buckets must be 1 or even"), ({"chunk": 0}, "chunk must be"),
                           ({"rule": "lsh"}, "rule must be one of"), ({"seq": 0}, "seq must be a positive"),
                           ({"n_hashes": 0}, "n_hashes must be a positive"),
-                          ({"rule": "window", "causal": False}, "window rule is causal")):
+                          ({"rule": "window", "causal": False}, "window rule is causal"),
+                          ({"data": "trained"}, "data must be one of")):
         with pytest.raises(ValueError, match=message):
             plugin.inputs(_case(**over), torch.Generator().manual_seed(0), "cpu")
 

@@ -375,6 +375,59 @@ def test_the_swept_parameters_force_what_the_kernel_would_choose():
         assert rel_err(triton_paged(**inputs, **options), truth) < 1e-5, options
 
 
+def _admissions(lengths: list[int], slots: int, max_len: int, block: int) -> tuple[tuple[int, float], ...]:
+    """(admitted, fragmentation) of the contiguous and the paged layout, counted in token slots by hand:
+    contiguous reserves ``max_len`` slots per sequence, paged whole blocks, both in arrival order."""
+    fit = min(len(lengths), slots // max_len)
+    contiguous = (fit, 1 - sum(lengths[:fit]) / (fit * max_len))
+    free, used = slots // block, []
+    for n in lengths:
+        if -(-n // block) > free:
+            break
+        free -= -(-n // block)
+        used.append(n)
+    held = sum(-(-n // block) for n in used) * block
+    return contiguous, (len(used), 1 - sum(used) / held)
+
+
+def test_capacity_figures_count_the_case_budget_by_hand():
+    """The budget is the case's contiguous cache (batch x tokens slots); the request stream is one longer
+    than the budget has blocks; the paged figures go to triton_paged, the contiguous ones to the others."""
+    plugin = PagedAttention()
+    for block, batch, tokens in ((16, 3, 75), (128, 3, 75), (64, 16, 8192)):
+        case = Case.of(batch=batch, heads=2, tokens=tokens, head_dim=32, block=block, lengths="equal", mode="serve",
+                       dtype="fp16")
+        figs = plugin.figures(case, {}, "cpu")
+        assert set(figs) == set(plugin.variants) and figs["sdpa"] == figs["eager"] == figs["flex"]
+        for dist in ("loguniform", "uniform"):
+            requests = max(batch, batch * tokens // block) + 1
+            contiguous, paged = _admissions(mixed_workload(requests, tokens, 0, dist), batch * tokens, tokens, block)
+            for name, (admitted, fragmentation) in (("eager", contiguous), ("triton_paged", paged)):
+                assert figs[name][f"admitted.{dist}"].value == admitted, (block, dist, name)
+                assert figs[name][f"fragmentation.{dist}"].value == pytest.approx(fragmentation), (block, dist, name)
+            assert contiguous[0] == batch
+    big = plugin.figures(Case.of(batch=16, heads=32, tokens=8192, head_dim=128, block=16, lengths="mixed",
+                                 mode="decode", dtype="bf16"), {}, "cpu")
+    assert big["triton_paged"]["admitted.loguniform"].value > 5 * big["eager"]["admitted.loguniform"].value
+
+
+def test_a_run_of_the_config_records_the_capacity_figures(run_room):
+    """``microscope run ablations/paged_attention.yaml --quick`` on one case: one figures record per metric for
+    every variant that ran (flex cannot run on the CPU), and the console's figures line."""
+    run = run_room("paged_attention", {"cases": {"block": [16], "mode": ["decode"], "dtype": ["fp32"]},
+                                       "dimensions.throughput.enabled": False})
+    figs = run.find(dimension="figures")
+    assert figs and all(r.status == "ok" for r in figs)
+    assert {r.variant for r in figs} == {"eager", "triton_paged", "sdpa"}
+    case = next(iter({r.case_id: r for r in figs}.values())).case
+    contiguous, paged = _admissions(mixed_workload(3 * 75 // 16 + 1, 75, 0, "loguniform"), 3 * 75, 75, 16)
+    got = {(r.variant, r.metric): r.value for r in figs}
+    assert case["tokens"] == 75 and got["triton_paged", "admitted.loguniform"] == paged[0]
+    assert got["sdpa", "admitted.loguniform"] == got["eager", "admitted.loguniform"] == contiguous[0] == 3
+    assert got["triton_paged", "fragmentation.loguniform"] == pytest.approx(paged[1])
+    assert any(h.startswith(f"triton_paged: admitted.loguniform {paged[0]} vs eager 3") for h in run.headlines)
+
+
 @pytest.mark.parametrize("profile", [None, "bench", "bench,configs", "bench,splits"])
 def test_the_config_loads_on_every_device_and_profile(profile):
     overrides = {cfgmod.PROFILE_KEY: profile} if profile else None
