@@ -121,7 +121,8 @@ def print_verdicts(console: Console, run: RunData, gate: GateResult | None) -> N
         keys = []
         if (rows.get("vs", pd.Series(dtype=str)).astype(str) == "best_peer").any():
             speed_only = rows["notes"].astype(str).str.contains("fastest speed-only").any()
-            keys.append("\u2020 the fastest " + ("correct or speed-only " if speed_only else "correct ") + "peer of the case")
+            kind = "correct or speed-only" if speed_only else "correct"
+            keys.append(f"\u2020 the fastest {kind} peer of the case")
         if rows["notes"].astype(str).str.contains("interpreter").any():
             keys.append("* run by the Triton interpreter: not gated")
         if keys:
