@@ -53,6 +53,7 @@ from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, NormG
 
 __all__ = [
     "CALIBRATION_BATCHES",
+    "DISTRIBUTED_STRATEGIES",  # noqa: F822 - module __getattr__ (loaded on first use)
     "DTYPES",
     "Ablation",
     "Arm",
@@ -62,6 +63,7 @@ __all__ = [
     "Figure",
     "KVCache",
     "NormGelu",
+    "RankContext",  # noqa: F822 - module __getattr__
     "Role",
     "Tolerance",
     "Transformer",
@@ -274,6 +276,15 @@ class Arm:
     so every difference it shows is the change's own, and no time goes on identical training runs.
     Its training records are marked skipped with that reason.
 
+    ``ranks=N`` (N > 1) trains the arm on N processes (gloo on CPU, NCCL on N GPUs; ``microscope.distributed``):
+    each rank builds the same model and initial weights, applies ``patch`` (then a module-level function, as
+    the ranks are spawned processes), then ``strategy(model, ctx)`` (``ctx`` a ``RankContext``) wraps or shards
+    it (DDP with a communication hook, ``fully_shard``, ...), and trains on rows ``rank::N`` of each batch.
+    ``DISTRIBUTED_STRATEGIES`` holds ready ones built on PyTorch's stack (``ddp``, ``ddp_powersgd``,
+    ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``); a plugin's own is any module-level function.
+    The records gain per-rank memory (peak, parameters, optimizer state) and the bytes each rank passed to
+    collectives; the trained weights come back for evaluation like any arm's.
+
     ``calibrate(model, batches)`` (inference-only arms) runs once the trained weights are loaded, with
     ``CALIBRATION_BATCHES`` batches of training-split token ids (B, T) on the run's device, never
     evaluation text: the place for a post-training step that needs the trained model's activations
@@ -289,8 +300,15 @@ class Arm:
     supports: Callable[[Case, str], str | None] | None = None
     inference_only: bool = False
     calibrate: Callable[[Any, Sequence[torch.Tensor]], None] | None = None
+    ranks: int = 1
+    strategy: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"Arm(ranks={self.ranks!r}): the number of processes, a whole number >= 1")
+        if self.ranks > 1 and (self.strategy is None or self.inference_only):
+            raise ValueError("Arm(ranks>1) trains on several processes: it needs strategy=... (e.g. DDP) and "
+                             "cannot be inference_only")
         if self.calibrate is not None and not self.inference_only:
             raise ValueError("Arm(calibrate=...) needs inference_only=True: calibration runs on the baseline's "
                              "trained weights, which only an inference-only arm loads")
@@ -471,3 +489,13 @@ def register(name: str) -> Callable[[type[Ablation]], type[Ablation]]:
         return cls
 
     return wrap
+
+
+def __getattr__(name: str) -> Any:
+    """``DISTRIBUTED_STRATEGIES`` and ``RankContext`` load ``microscope.distributed`` (FSDP, device meshes:
+    ~0.8 s of imports) only when a plugin asks for them."""
+    if name in ("DISTRIBUTED_STRATEGIES", "RankContext"):
+        import microscope.distributed as distributed
+
+        return distributed.STRATEGIES if name == "DISTRIBUTED_STRATEGIES" else distributed.RankContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,6 +30,7 @@ from microscope.model_measures import Measurement, stage_metrics
 from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
+from microscope.rank_measures import RANK_METRICS
 from microscope.runner import INSTRUMENTS_GROUP, INTERPRETER_NOTE, RunBase, _describe, skip_reason
 from microscope.stats.metrics import INTERPRETER_MEMORY
 from microscope.stats.sequential import SequentialPlan, undecided
@@ -72,7 +73,11 @@ class ModelRunner(RunBase):
                    "generalization": dims.accuracy.enabled, "throughput": dims.throughput.enabled,
                    "memory": dims.memory.enabled and first_seed}
         stages = stage_metrics(self.config.workload.task, self._any_fp16())
-        plan = {stage: [(d, m) for d, m in owed if enabled[d]] for stage, owed in stages.items()}
+        if any(arm.ranks > 1 for _, arm in self.arms()):
+            stages["train"] = stages["train"] + RANK_METRICS
+        every_seed = {"memory": dims.memory.enabled, "throughput": dims.throughput.enabled}  # from the train stage
+        plan = {stage: [(d, m) for d, m in owed if (every_seed[d] if (d, m) in RANK_METRICS else enabled[d])]
+                for stage, owed in stages.items()}
         return {stage: owed for stage, owed in plan.items() if owed or stage in ("check", "train")}
 
     def _any_fp16(self) -> bool:

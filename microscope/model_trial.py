@@ -12,6 +12,7 @@ running on a broken model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from microscope.model_measures import (
     train_speed,
 )
 from microscope.model_setup import TrialSeeds, TrialSetup, WorkloadData, autocast, param_checksum, trial_setup
+from microscope.rank_measures import RANK_METRICS, picklable_batches, rank_measurements
 from microscope.runner import _describe
 from microscope.workloads import (
     ModelConfig,
@@ -48,7 +50,15 @@ from microscope.workloads import (
     train,
 )
 
-__all__ = ["BaselineRef", "Trial"]
+__all__ = ["BaselineRef", "Trial", "build_patched"]
+
+def build_patched(config: ModelConfig, patch: Callable[[Transformer], None] | None) -> Transformer:
+    """The arm's model as a rank process builds it: the config's model (its weights are loaded after), patched."""
+    model = build_model(config, seed=0, device="cpu")
+    if patch is not None:
+        patch(model)
+    return model
+
 
 #: ``emit(measurement, status)``: status None means ok unless the value is missing.
 Emit = Callable[[Measurement, "str | None"], None]
@@ -166,7 +176,15 @@ class Trial:
         if self.arm.inference_only:
             return self._take_baseline_weights()
         recipe = self.setup.recipe
-        self.result = result = train(self.model, self._batches(), recipe, self.device)
+        ranked: list[Measurement] = []
+        if self.arm.ranks > 1:
+            self.result = result = self._train_on_ranks(ranked)
+        else:
+            self.result = result = train(self.model, self._batches(), recipe, self.device)
+            for dimension, metric in RANK_METRICS:
+                if (dimension, metric) in self.plan["train"]:
+                    self.emit(Measurement(dimension, metric, None, reason="single process: no ranks",
+                                          details=dict(self.common)), "skipped")
         diverged = first_nonfinite(result.loss)
         own = None if diverged is not None else float(smoothed_loss(result.loss)[-1])
         if self.is_baseline:
@@ -178,9 +196,26 @@ class Trial:
         measured[0].details.update(model_config=self.setup.model.to_dict(), recipe=dataclasses.asdict(recipe),
                                    profile=self.setup.profile.name)
         measured.append(train_speed(result, self.notes))
+        measured.extend(ranked)
         if diverged is not None:
             self.dead = f"not measured: training diverged (the loss is non-finite from step {diverged})"
         return measured
+
+    def _train_on_ranks(self, ranked: list[Measurement]) -> TrainResult:
+        """Train on ``arm.ranks`` processes; the trained weights come back into ``self.model``, the per-rank
+        measurements into ``ranked``."""
+        from microscope.distributed import train_on_ranks
+
+        assert self.setup is not None and self.model is not None
+        recipe = self.setup.recipe
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        build = functools.partial(build_patched, self.setup.model, self.arm.patch)
+        res = train_on_ranks(build, state, picklable_batches(self._batches(), recipe.steps), recipe,
+                             self.arm.strategy, self.arm.ranks, device_type=torch.device(self.device).type)
+        self.model.load_state_dict(res.state_dict)
+        self.notes.extend(res.notes)
+        ranked.extend(rank_measurements(res.ranks, recipe.steps))
+        return res.train
 
     def _take_baseline_weights(self) -> list[Measurement]:
         """An inference-only arm: the baseline's trained weights of this seed, loaded after the patch."""

@@ -115,6 +115,9 @@ def _param_text(value: Any) -> str:
 
 
 def skip_reason(variant: Variant, case: Case, device: str) -> str | None:
+    ranks = getattr(variant, "ranks", 1)
+    if ranks > 1 and device == "cuda" and torch.cuda.device_count() < ranks:
+        return f"needs {ranks} GPUs (one per rank); this machine has {torch.cuda.device_count()}"
     for need in variant.needs:
         if need == "cuda" and device != "cuda":
             return "needs a CUDA GPU"

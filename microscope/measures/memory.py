@@ -36,10 +36,9 @@ class LiveTensorBytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # an output on an argument's storage is a view (w.t(), x.view(...)) or an in-place result: nothing
         # was allocated, and counting it would charge tensors that existed before the call (weights, inputs)
-        given = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
-                 if isinstance(a, torch.Tensor) and a.device.type == "cpu"}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+        given = {a.untyped_storage().data_ptr() for a in self.tensors((args, kwargs)) if a.device.type == "cpu"}
+        for t in self.tensors(out):
+            if t.device.type == "cpu":
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
                 if ptr and ptr not in self._live and ptr not in given:
@@ -48,6 +47,10 @@ class LiveTensorBytes(TorchDispatchMode):
                     self.peak = max(self.peak, self.current)
                     weakref.finalize(storage, self._release, ptr)
         return out
+
+    def tensors(self, value: Any) -> Iterator[torch.Tensor]:
+        """The tensors of a pytree whose storages are counted (a subclass may unwrap wrapper tensors)."""
+        return (t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
 
     def _release(self, ptr: int) -> None:
         self.current -= self._live.pop(ptr, 0)

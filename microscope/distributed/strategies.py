@@ -1,0 +1,132 @@
+"""The distribution strategies, each a picklable ``Strategy``: ``(model, RankContext) -> module to train``.
+
+All go through PyTorch's own stack (DDP and its comm hooks, FSDP2 ``fully_shard``); only the 1-bit sign
+hook (``sign.py``) is home-made.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from microscope.distributed.context import RankContext, add_note
+from microscope.distributed.sign import SignState, sign_hook
+
+__all__ = [
+    "POWERSGD_RANK",
+    "POWERSGD_START_ITER",
+    "STRATEGIES",
+    "ddp",
+    "ddp_powersgd",
+    "ddp_sign",
+    "powersgd_claimed_reduction",
+    "zero2",
+    "zero3",
+    "zero3_offload",
+]
+
+POWERSGD_RANK = 1
+#: torch's PowerSGD with error feedback must allreduce uncompressed for the first 2 steps
+POWERSGD_START_ITER = 2
+POWERSGD_MIN_COMPRESSION = 2.0
+
+
+def _ddp(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model.to(ctx.device), device_ids=ids)
+
+
+def ddp(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """Plain DDP allreduce (the baseline), through torch's ``allreduce_hook`` so the bytes are counted."""
+    wrapped = _ddp(model, ctx)
+    wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
+    return wrapped
+
+
+def ddp_powersgd(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """DDP with torch's PowerSGD hook: rank-1 approximations, error feedback, warm start."""
+    wrapped = _ddp(model, ctx)
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=POWERSGD_RANK,
+        start_powerSGD_iter=POWERSGD_START_ITER,
+        min_compression_rate=POWERSGD_MIN_COMPRESSION,
+        use_error_feedback=True,
+        warm_start=True,
+        random_seed=0,
+    )
+    wrapped.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    add_note(f"ddp_powersgd: the first {POWERSGD_START_ITER} steps are plain allreduce (torch's PowerSGD "
+             "needs them with error feedback); compression starts after")
+    return wrapped
+
+
+def ddp_sign(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """DDP with 1-bit sign compression (error feedback, a scale per tensor), signs packed 8 per byte."""
+    wrapped = _ddp(model, ctx)
+    wrapped.register_comm_hook(SignState(), sign_hook)
+    add_note("ddp_sign: signs are packed 8 per uint8 and all_gathered (gloo/nccl carry no 1-bit type, and "
+             "packed signs cannot be summed by allreduce): each rank passes ~1/32 of the fp32 bytes but "
+             "receives world_size times that")
+    return wrapped
+
+
+def _shard(model: nn.Module, ctx: RankContext, reshard: bool, offload: bool = False) -> nn.Module:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+    model = model.to(ctx.device)
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def zero2(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """FSDP2 without resharding after forward: gathered params live through backward; grads and optimizer
+    state sharded."""
+    add_note("zero2: FSDP2 keeps only local parameter shards between steps (param_bytes); unlike zero3 it "
+             "holds the gathered parameters from forward through backward (one all-gather per step instead "
+             "of two: see bytes_sent)")
+    return _shard(model, ctx, reshard=False)
+
+
+def zero3(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """FSDP2 resharding after forward: params, grads and optimizer state all sharded (~1/N per rank)."""
+    return _shard(model, ctx, reshard=True)
+
+
+def zero3_offload(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """zero3 with ``CPUOffloadPolicy``: shards, grads and the optimizer step live in host memory."""
+    if ctx.device.type == "cpu":
+        add_note("zero3_offload: on a CPU-only run the offload is a no-op (parameters already live in host "
+                 "memory); it equals zero3 here")
+    return _shard(model, ctx, reshard=True, offload=True)
+
+
+STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload)}
+
+
+def powersgd_claimed_reduction(model: nn.Module, rank: int = POWERSGD_RANK,
+                               min_compression_rate: float = POWERSGD_MIN_COMPRESSION) -> float:
+    """fp32 allreduce bytes over PowerSGD's per-step bytes once compressing: a (n, m) gradient sends
+    (n + m) * rank values; vectors, and matrices it would not shrink by ``min_compression_rate``, go whole."""
+    full = sent = 0
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        full += p.numel()
+        if p.dim() > 1:
+            n, m = p.shape[0], p.numel() // p.shape[0]
+            r = min(n, m, rank)
+            if (n + m) * r * min_compression_rate < n * m:  # torch's _should_compress
+                sent += (n + m) * r
+                continue
+        sent += p.numel()
+    return full / sent
+
+
