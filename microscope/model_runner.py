@@ -157,7 +157,8 @@ class ModelRunner(RunBase):
             self.on_progress(f"seed {k + 1}/{self.config.workload.seeds}: {name}")
             notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []
             emit = functools.partial(self._emit, seeds.trial, name, arm)
-            trial = Trial(arm, seeds, self.config.workload, data, self.device, plan, emit, baseline, notes)
+            trial = Trial(arm, seeds, self.config.workload, data, self.device, plan, emit, baseline, notes,
+                          rank_timeout_s=self.config.timeout_s)
             trial.run()
             if self._logger() is not None and trial.result is not None:
                 log_training(self._logger(), name, k, trial.result)

@@ -52,6 +52,7 @@ from microscope.workloads import (
 
 __all__ = ["BaselineRef", "Trial", "build_patched"]
 
+
 def build_patched(config: ModelConfig, patch: Callable[[Transformer], None] | None) -> Transformer:
     """The arm's model as a rank process builds it: the config's model (its weights are loaded after), patched."""
     model = build_model(config, seed=0, device="cpu")
@@ -97,6 +98,8 @@ class Trial:
     result: TrainResult | None = None
     dead: str | None = None
     common: dict[str, Any] = field(default_factory=dict)
+    #: the longest an arm's ranks may train (the run's ``timeout_s`` per group: they cannot outlive it)
+    rank_timeout_s: float = 600.0
 
     @property
     def is_baseline(self) -> bool:
@@ -211,7 +214,8 @@ class Trial:
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         build = functools.partial(build_patched, self.setup.model, self.arm.patch)
         res = train_on_ranks(build, state, picklable_batches(self._batches(), recipe.steps), recipe,
-                             self.arm.strategy, self.arm.ranks, device_type=torch.device(self.device).type)
+                             self.arm.strategy, self.arm.ranks, device_type=torch.device(self.device).type,
+                             timeout_s=self.rank_timeout_s)
         self.model.load_state_dict(res.state_dict)
         self.notes.extend(res.notes)
         ranked.extend(rank_measurements(res.ranks, recipe.steps))
