@@ -281,7 +281,7 @@ class Arm:
     the ranks are spawned processes), then ``strategy(model, ctx)`` (``ctx`` a ``RankContext``) wraps or shards
     it (DDP with a communication hook, ``fully_shard``, ...), and trains on rows ``rank::N`` of each batch.
     ``DISTRIBUTED_STRATEGIES`` holds ready ones built on PyTorch's stack (``ddp``, ``ddp_powersgd``,
-    ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``); a plugin's own is any module-level function.
+    ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``, ``tp``); a plugin's own is any module-level function.
     The records gain per-rank memory (peak, parameters, optimizer state) and the bytes each rank passed to
     collectives; the trained weights come back for evaluation like any arm's.
 

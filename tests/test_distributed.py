@@ -17,6 +17,8 @@ from microscope.distributed import (
     ddp_powersgd,
     ddp_sign,
     powersgd_claimed_reduction,
+    takes_whole_batch,
+    tp,
     train_on_ranks,
     zero2,
     zero3,
@@ -24,6 +26,7 @@ from microscope.distributed import (
 from microscope.distributed.sign import pack_signs, unpack_signs
 from microscope.distributed.strategies import POWERSGD_START_ITER
 from microscope.workloads import ModelConfig, TrainRecipe, build_model, train
+from microscope.workloads.model import Transformer
 
 CFG = ModelConfig(n_layers=2, d_model=32, n_heads=2, context=16)
 RECIPE = TrainRecipe(steps=4, batch_size=4, warmup=1)
@@ -190,3 +193,43 @@ def test_global_batch_must_divide_by_world_size():
     recipe = TrainRecipe(steps=1, batch_size=5)
     with pytest.raises(ValueError, match="not divisible by world_size=2"):
         train_on_ranks(build, build().state_dict(), Batches(5), recipe, ddp, 2)
+
+
+#: what tp splits across ranks (dim 0 of column-parallel, dim 1 of row-parallel weights); the rest is replicated
+TP_SHARDED = ("attn.qkv.weight", "attn.proj.weight", "mlp.up.weight", "mlp.gate.weight", "mlp.down.weight")
+
+
+def test_tp_matches_single_process_on_global_batch(single, ddp_run):
+    assert takes_whole_batch(tp) and not takes_whole_batch(ddp)
+    result = run(tp)
+    ref, ref_state = single
+    np.testing.assert_allclose(result.train.loss, ref.loss, rtol=3e-5)
+    np.testing.assert_allclose(result.train.grad_norm, ref.grad_norm, rtol=1e-4)  # > 1: clipping is active
+    assert (ref.grad_norm > 1).any()
+    assert int(result.train.tokens[0]) == RECIPE.batch_size * 16  # rank 0's whole batch, not a sum
+    for key, value in ref_state.items():  # qkv rows come back in the model's order
+        # Adam turns summation-order noise in near-zero gradients into ~lr-sized differences: atol 1e-4
+        torch.testing.assert_close(result.state_dict[key], value, rtol=1e-4, atol=1e-4)
+    named = dict(build().named_parameters())
+    sharded = sum(p.numel() for n, p in named.items() if n.endswith(TP_SHARDED))
+    replicated = sum(p.numel() for n, p in named.items() if not n.endswith(TP_SHARDED))
+    assert sharded > replicated / 2  # a meaningful split
+    expected = (replicated + sharded // WORLD) * 4
+    for s in result.ranks:
+        assert s.param_bytes == s.grad_bytes == expected
+        assert s.param_bytes / full_bytes() == pytest.approx(expected / full_bytes())
+        assert s.param_bytes < ddp_run.ranks[s.rank].param_bytes
+        # per block and step: one fp32 all-reduce of the (batch, seq, d_model) activations after the attention
+        # output and the MLP down projections, and one of their input gradients in backward
+        act = RECIPE.batch_size * 16 * CFG.d_model * 4
+        assert s.bytes_sent > 0 and s.step_bytes == [4 * CFG.n_layers * act] * RECIPE.steps
+    assert any(n.startswith("tp:") for n in result.notes)
+
+
+def test_tp_needs_heads_and_mlp_width_divisible_by_world_size():
+    ctx = RankContext(0, 4, torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match="n_heads=2 is not divisible by world_size=4"):
+        tp(Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=2, context=16)), ctx)
+    ctx = RankContext(0, 3, torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match="MLP width 64 is not divisible by world_size=3"):
+        tp(Transformer(ModelConfig(n_layers=1, d_model=48, n_heads=3, ffn_dim=64, context=16)), ctx)

@@ -1,11 +1,12 @@
-"""Multi-process data-parallel training of the workload: DDP (+ comm-hook compression) and FSDP2 (ZeRO-2/3).
+"""Multi-process training of the workload: DDP (+ comm-hook compression), FSDP2 (ZeRO-2/3) and DTensor
+tensor parallel.
 
 ``train_on_ranks`` spawns one process per rank and returns the merged training record, the full trained
 weights and each rank's measured memory and communication (``launch``); the strategies are in
 ``strategies``; bytes on the wire are counted in ``counting``.
 """
 
-from microscope.distributed.context import RankContext, Strategy, add_note
+from microscope.distributed.context import RankContext, Strategy, add_note, takes_whole_batch, whole_batch
 from microscope.distributed.launch import train_on_ranks
 from microscope.distributed.stats import DistributedResult, RankStats
 from microscope.distributed.strategies import (
@@ -14,6 +15,7 @@ from microscope.distributed.strategies import (
     ddp_powersgd,
     ddp_sign,
     powersgd_claimed_reduction,
+    tp,
     zero2,
     zero3,
     zero3_offload,
@@ -30,7 +32,10 @@ __all__ = [
     "ddp_powersgd",
     "ddp_sign",
     "powersgd_claimed_reduction",
+    "takes_whole_batch",
+    "tp",
     "train_on_ranks",
+    "whole_batch",
     "zero2",
     "zero3",
     "zero3_offload",

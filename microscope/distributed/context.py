@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
-__all__ = ["RankContext", "Strategy", "add_note", "take_notes"]
+__all__ = ["RankContext", "Strategy", "add_note", "take_notes", "takes_whole_batch", "whole_batch"]
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,24 @@ class RankContext:
 
 
 #: Wraps or shards the freshly built model on each rank and returns the module to train; must be a
-#: picklable module-level callable (ranks are spawned processes).
+#: picklable module-level callable (ranks are spawned processes). By default a strategy is data parallel:
+#: each rank trains on rows ``rank::world_size`` of every global batch and the merged loss is the ranks'
+#: mean. One marked ``@whole_batch`` (model parallel, e.g. tensor parallel) gets the whole global batch on
+#: every rank; all ranks then compute the same loss, and the merged loss and tokens are rank 0's.
 Strategy = Callable[[torch.nn.Module, RankContext], torch.nn.Module]
+
+_S = TypeVar("_S", bound=Callable[..., torch.nn.Module])
+
+
+def whole_batch(strategy: _S) -> _S:
+    """Mark ``strategy`` as model parallel: every rank sees the whole global batch (not a 1/N slice)."""
+    strategy.whole_batch = True  # type: ignore[attr-defined]
+    return strategy
+
+
+def takes_whole_batch(strategy: Strategy) -> bool:
+    """Whether ``strategy`` was marked ``@whole_batch`` (the launcher then does not split batches)."""
+    return bool(getattr(strategy, "whole_batch", False))
 
 _NOTES: list[str] = []
 

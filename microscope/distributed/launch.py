@@ -1,5 +1,6 @@
 """``train_on_ranks``: spawn one process per rank, train a strategy-wrapped model on each rank's shard of
-every global batch, gather the measurements; any failure or hang becomes a RuntimeError naming the rank."""
+every global batch (the whole batch for a ``@whole_batch`` strategy), gather the measurements; any failure
+or hang becomes a RuntimeError naming the rank."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from microscope.distributed.context import RankContext, Strategy, take_notes
+from microscope.distributed.context import RankContext, Strategy, take_notes, takes_whole_batch
 from microscope.distributed.counting import CommCounter
 from microscope.distributed.peak import LocalTensorBytes
 from microscope.distributed.stats import (
@@ -110,6 +111,7 @@ def _run_rank(rank: int, world_size: int, device_type: str, build: Callable[[], 
     model = build()
     model.load_state_dict(state)
     counter = CommCounter()
+    rows = slice(None) if takes_whole_batch(strategy) else slice(rank, None, world_size)
     with counter.installed():
         model = strategy(model.to(device), ctx)
         trainer = RankTrainer(model, recipe, device, counter)
@@ -129,7 +131,7 @@ def _run_rank(rank: int, world_size: int, device_type: str, build: Callable[[], 
                                          f"{recipe.batch_size}")
                     before = counter.bytes
                     t0 = time.perf_counter()
-                    steps.append(trainer.step(step, x[rank::world_size].to(device), y[rank::world_size].to(device)))
+                    steps.append(trainer.step(step, x[rows].to(device), y[rows].to(device)))
                     step_s.append(time.perf_counter() - t0)
                     step_bytes.append(counter.bytes - before)
         if device.type == "cuda":
@@ -217,10 +219,12 @@ def train_on_ranks(
     timeout_s: float = 600.0,
 ) -> DistributedResult:
     """Train ``strategy(build())`` on ``world_size`` spawned ranks, each on rows ``rank::world_size`` of
-    every global batch; return the merged record, the full trained weights and each rank's measurements."""
+    every global batch (all rows for a ``@whole_batch`` strategy); return the merged record, the full
+    trained weights and each rank's measurements."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if recipe.batch_size % world_size:
+    whole = takes_whole_batch(strategy)
+    if not whole and recipe.batch_size % world_size:
         raise ValueError(f"global batch size {recipe.batch_size} (recipe.batch_size) is not divisible by "
                          f"world_size={world_size}: every rank trains on batch_size / world_size rows")
     if device_type not in _BACKENDS:
@@ -255,7 +259,7 @@ def train_on_ranks(
     for out in outs:
         notes += [n for n in out["notes"] if n not in notes]
     return DistributedResult(
-        train=merge_train([o["train"] for o in outs]),
+        train=merge_train([o["train"] for o in outs], whole_batch=whole),
         state_dict=outs[0]["state_dict"],
         ranks=[o["stats"] for o in outs],
         notes=notes,

@@ -63,12 +63,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
 
 
-def merge_train(results: list[TrainResult]) -> TrainResult:
+def merge_train(results: list[TrainResult], whole_batch: bool = False) -> TrainResult:
     """One record from every rank's: loss is the mean of the ranks' local losses, tokens their sum, step
-    time the slowest rank's; the other columns are rank 0's (identical across ranks after the reduction)."""
+    time the slowest rank's; the other columns are rank 0's (identical across ranks after the reduction).
+    ``whole_batch`` (every rank trained on the same global batch): loss and tokens are rank 0's too."""
     base = results[0]
     return TrainResult(
-        loss=np.mean([r.loss for r in results], axis=0),
+        loss=base.loss.copy() if whole_batch else np.mean([r.loss for r in results], axis=0),
         lr=base.lr,
         grad_norm=base.grad_norm,
         layer_grad_norm=base.layer_grad_norm,
@@ -79,7 +80,7 @@ def merge_train(results: list[TrainResult]) -> TrainResult:
         loss_scale=base.loss_scale,
         skipped=base.skipped,
         step_time=np.max([r.step_time for r in results], axis=0),
-        tokens=np.sum([r.tokens for r in results], axis=0),
+        tokens=base.tokens.copy() if whole_batch else np.sum([r.tokens for r in results], axis=0),
         layer_names=base.layer_names,
         spike_window=base.spike_window,
         spike_k=base.spike_k,

@@ -1,18 +1,26 @@
 """The distribution strategies, each a picklable ``Strategy``: ``(model, RankContext) -> module to train``.
 
-All go through PyTorch's own stack (DDP and its comm hooks, FSDP2 ``fully_shard``); only the 1-bit sign
-hook (``sign.py``) is home-made.
+All go through PyTorch's own stack (DDP and its comm hooks, FSDP2 ``fully_shard``, DTensor tensor
+parallel); only the 1-bit sign hook (``sign.py``) is home-made.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
 from torch.nn.parallel import DistributedDataParallel
 
-from microscope.distributed.context import RankContext, add_note
+from microscope.distributed.context import RankContext, add_note, whole_batch
 from microscope.distributed.sign import SignState, sign_hook
 
 __all__ = [
@@ -23,6 +31,7 @@ __all__ = [
     "ddp_powersgd",
     "ddp_sign",
     "powersgd_claimed_reduction",
+    "tp",
     "zero2",
     "zero3",
     "zero3_offload",
@@ -108,7 +117,63 @@ def zero3_offload(model: nn.Module, ctx: RankContext) -> nn.Module:
     return _shard(model, ctx, reshard=True, offload=True)
 
 
-STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload)}
+def _qkv_rows(n_heads: int, head_dim: int, world: int, to_rank_major: bool) -> torch.Tensor:
+    """Row order of the fused qkv weight: (q|k|v, heads) <-> (rank, q|k|v, its heads), so that a contiguous
+    1/N row shard (what ``ColwiseParallel`` takes) holds q, k and v of the rank's own heads (Megatron's
+    layout); ``to_rank_major=False`` gives the inverse."""
+    idx = torch.arange(3 * n_heads * head_dim)
+    if to_rank_major:
+        return idx.view(3, world, n_heads // world, head_dim).transpose(0, 1).reshape(-1)
+    return idx.view(world, 3, n_heads // world, head_dim).transpose(0, 1).reshape(-1)
+
+
+def _restore_qkv(model: nn.Module, state: dict, prefix: str, _meta: object) -> None:
+    """state_dict post-hook: gather each fused qkv weight and put its rows back in the model's order
+    (collective: every rank calls ``state_dict``, as ``_full_state_dict`` does)."""
+    for i, block in enumerate(model.blocks):
+        key = f"{prefix}blocks.{i}.attn.qkv.weight"
+        w = state[key]
+        w = w.full_tensor() if hasattr(w, "full_tensor") else w
+        state[key] = w[_qkv_rows(model.cfg.n_heads, block.attn.head_dim, block.attn.tp_world, False)]
+
+
+@whole_batch
+def tp(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """Megatron tensor parallel through DTensor: q/k/v and MLP up/gate column-parallel, attention output and
+    MLP down row-parallel (one all-reduce each in forward and backward per block); embeddings, norms and
+    the output head replicated. Every rank trains on the whole batch."""
+    cfg, world = model.cfg, ctx.world_size
+    if cfg.n_heads % world:
+        raise ValueError(f"tp: n_heads={cfg.n_heads} is not divisible by world_size={world} "
+                         "(each rank computes n_heads / world_size whole heads)")
+    if cfg.hidden_dim % world:
+        raise ValueError(f"tp: the MLP width {cfg.hidden_dim} is not divisible by world_size={world}")
+    if cfg.mlp_norm:
+        raise ValueError("tp: mlp_norm normalises over the whole MLP hidden layer, which tp splits across ranks")
+    mesh = init_device_mesh(ctx.device.type, (world,))
+    model = model.to(ctx.device)
+    for block in model.blocks:
+        attn = block.attn
+        with torch.no_grad():
+            attn.qkv.weight.copy_(attn.qkv.weight[_qkv_rows(cfg.n_heads, attn.head_dim, world, True)])
+        plan = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+        if block.mlp.gate is not None:
+            # SwiGLU: gate and up share one replicated input, so its gradient is all-reduced once (Megatron's
+            # f), not once per projection
+            plan["mlp"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                             use_local_output=False)
+            plan["mlp.gate"] = ColwiseParallel()
+        parallelize_module(block, mesh, plan)  # outputs are plain local tensors (use_local_output)
+        attn.n_heads, attn.tp_world = cfg.n_heads // world, world  # the local q/k/v hold n_heads / N heads
+    model.register_state_dict_post_hook(_restore_qkv)
+    add_note("tp: every rank trains on the whole global batch (tensor parallel is not data parallel): the "
+             "loss and tokens are rank 0's; param_bytes are the local shards of the q/k/v, attention "
+             "output and MLP weights plus the full replicated embeddings, norms and output head")
+    return model
+
+
+STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload, tp)}
 
 
 def powersgd_claimed_reduction(model: nn.Module, rank: int = POWERSGD_RANK,

@@ -30,7 +30,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class RankTrainer(Trainer):
     """One rank's ``Trainer``. With DTensor (FSDP2) parameters, whose statistics the base loop cannot take,
     gradient statistics and clipping move into an optimizer pre-step hook (same point in the step: after
-    backward and unscaling, before the update) and are reduced across ranks."""
+    backward and unscaling, before the update) and are reduced across ranks. Tensor parallel mixes DTensor
+    and replicated plain parameters, which ``clip_grad_norm_`` refuses: those are clipped by the reduced
+    norm instead (torch's formula)."""
 
     def __init__(self, model: nn.Module, recipe: TrainRecipe, device: torch.device, counter: CommCounter) -> None:
         super().__init__(model, recipe, device)
@@ -43,6 +45,7 @@ class RankTrainer(Trainer):
             if hasattr(inner, "set_checkpointing"):
                 inner.set_checkpointing(recipe.checkpoint_every)
         self.sharded = any(_is_dtensor(p) for p in self.params)
+        self.mixed = self.sharded and not all(_is_dtensor(p) for p in self.params)
         self._stats: dict[str, Any] = {}
         if self.sharded:
             self.instrument, self.clip = False, recipe.grad_clip
@@ -74,7 +77,12 @@ class RankTrainer(Trainer):
                        "nan_count": int(counts[0]), "inf_count": int(counts[1]),
                        "prev": [p.detach().clone() for p in self.params]}
         spent = time.perf_counter() - t0
-        if self.clip is not None:
+        if self.clip is not None and self.mixed:
+            coef = torch.clamp(self.clip / (total + 1e-6), max=1.0)
+            for p in self.params:
+                if p.grad is not None:
+                    _local(p.grad).mul_(coef.to(p.grad.device))
+        elif self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self._stats["instrument_s"] = spent
 

@@ -21,7 +21,8 @@ common-language effect size, shown, never used for the verdict.
 
 Verdicts, with ``delta = stat(cand) - stat(base)`` and its CI ``[lo, hi]``, in this order:
 
-* ``"identical"``: every seed gave bit-identical values on both sides (paired), or both sides are the
+* ``"identical"``: every seed gave bit-identical values on both sides (paired), or values equal to float32
+  resolution (``FLOAT_RESOLUTION``: a reordered sum, as a sharded model computes), or both sides are the
   same constant;
 * ``"equivalent"``: ``margin > 0`` and ``-margin < lo`` and ``hi < margin`` (TOST, as for accuracy);
 * ``"better"`` / ``"worse"``: p < alpha (the CI excludes 0) on the improving / degrading side
@@ -146,6 +147,10 @@ def compare_distributions(
     if identical:
         verdict = "identical"
         notes.append("bit-identical values on every seed")
+    elif paired and _float_equal(b, c):
+        verdict = "identical"
+        notes.append(f"equal on every seed to float32 resolution (|delta| <= {FLOAT_RESOLUTION:g} x |value|): "
+                     "a change of summation order, not of the result")
     elif margin > 0 and -margin < lo and hi < margin:
         verdict = "equivalent"
     elif p < alpha and (lo > 0 or hi < 0):
@@ -173,6 +178,17 @@ def compare_distributions(
         lower_is_better=lower_is_better,
         notes=tuple(notes),
     )
+
+
+#: Relative difference below which two per-seed values computed in float32 are the same number: 8 float32
+#: epsilons, the spread a different summation order (another reduction tree, a sharded sum) leaves.
+FLOAT_RESOLUTION = 8 * float(np.finfo(np.float32).eps)
+
+
+def _float_equal(b: np.ndarray, c: np.ndarray) -> bool:
+    """Whether every seed's pair agrees to ``FLOAT_RESOLUTION`` (and at least one pair differs at all)."""
+    scale = np.maximum(np.abs(b), np.abs(c))
+    return bool(np.all(np.abs(c - b) <= FLOAT_RESOLUTION * scale))
 
 
 def _t_interval(b: np.ndarray, c: np.ndarray, paired: bool, alpha: float) -> tuple[float, float, float]:

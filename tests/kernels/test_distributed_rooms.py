@@ -3,7 +3,7 @@
 ``tests/test_distributed.py`` checks the launcher and strategies against single-process training; here the
 rooms' configs run end to end (spawned ranks inside the executor's worker included) and their records
 carry the claims: ZeRO-3 holds half the parameters per rank at DDP's loss, 1-bit compression sends
-under 1/8 of DDP's bytes.
+under 1/8 of DDP's bytes, tensor parallel splits the block weights at DDP's loss.
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ def test_sign_compression_sends_under_an_eighth_of_ddps_bytes(tmp_path):
     ddp, sign = recs[("ddp", "comm_bytes_per_step")], recs[("sign", "comm_bytes_per_step")]
     assert ddp.value > 0 and sign.value < ddp.value / 8
     assert recs[("sign", "val_loss")].value > 0  # the trained weights came back and were evaluated
+
+
+def test_tensor_parallel_halves_the_split_weights_at_ddps_loss(tmp_path):
+    recs, _ = _run(tmp_path, "tensor_parallel", ["ddp", "tp"])
+    ddp, tp = recs[("ddp", "rank_param_bytes")], recs[("tp", "rank_param_bytes")]
+    assert tp.details["ranks"] == 2 and len(tp.details["per_rank"]) == 2
+    assert 0.5 < tp.value / ddp.value < 0.9  # embeddings, norms and the output head stay replicated
+    assert recs[("tp", "comm_bytes_per_step")].value > 0
+    assert 0 <= recs[("tp", "comm_time_share")].value < 1
+    assert recs[("tp", "final_loss")].value == pytest.approx(recs[("ddp", "final_loss")].value, rel=1e-4)
+    assert recs[("tp", "val_loss")].value > 0  # the gathered weights came back and were evaluated
 
 
 def test_an_arm_on_several_ranks_needs_a_strategy():

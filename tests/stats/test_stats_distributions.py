@@ -93,3 +93,12 @@ def test_bit_identical_seeds_are_identical_not_inconclusive():
     assert compare_distributions([0, 0, 0], [0, 0, 0]).verdict == "identical"
     shifted = compare_distributions([0.5, 0.75, 0.625], [0.625, 0.875, 0.75], paired=True)  # exactly +0.125
     assert shifted.verdict == "worse" and shifted.p == 0.0
+
+
+def test_a_float32_rounding_difference_on_every_seed_is_identical_not_worse():
+    """A sharded model sums in another order: the same 1.3e-8 on a loss of 4.27 on every seed is float32
+    noise (an exact paired t would call it "worse" at p = 0); a 1e-4 difference stays a difference."""
+    base = np.array([4.2763888, 4.2811234])
+    res = compare_distributions(base, base + 1.3e-8, paired=True, lower_is_better=True)
+    assert res.verdict == "identical" and "float32 resolution" in " ".join(res.notes)
+    assert compare_distributions(base, base + 1e-4, paired=True, lower_is_better=True).verdict == "worse"
