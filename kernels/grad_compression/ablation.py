@@ -5,7 +5,7 @@ loss curve close to DDP's. The records that carry them: ``comm_bytes_per_step`` 
 collectives, measured), the stability rows (final loss, steps to the baseline's loss) and the accuracy
 rows of the trained model. The hooks are ``microscope.api.DISTRIBUTED_STRATEGIES``: PowerSGD is PyTorch's
 (rank 1, error feedback, 2 uncompressed warm-up steps), the sign hook sends 1 bit per gradient element
-plus a scale per bucket, with error feedback.
+plus one float32 scale (mean |g|) per gradient tensor, with error feedback.
 """
 
 from __future__ import annotations
@@ -26,6 +26,6 @@ class GradCompression(Ablation):
                    ranks=RANKS, strategy=STRATEGIES["ddp"]),
         "powersgd": Arm(Role.CANDIDATE, "PowerSGD rank-1 compression with error feedback (torch's hook)",
                         ranks=RANKS, strategy=STRATEGIES["ddp_powersgd"]),
-        "sign": Arm(Role.CANDIDATE, "1-bit sign compression with a per-bucket scale and error feedback",
+        "sign": Arm(Role.CANDIDATE, "1-bit sign compression with a scale per gradient tensor and error feedback",
                     ranks=RANKS, strategy=STRATEGIES["ddp_sign"]),
     }
