@@ -279,9 +279,10 @@ class Arm:
     ``ranks=N`` (N > 1) trains the arm on N processes (gloo on CPU, NCCL on N GPUs; ``microscope.distributed``):
     each rank builds the same model and initial weights, applies ``patch`` (then a module-level function, as
     the ranks are spawned processes), then ``strategy(model, ctx)`` (``ctx`` a ``RankContext``) wraps or shards
-    it (DDP with a communication hook, ``fully_shard``, ...), and trains on rows ``rank::N`` of each batch.
-    ``DISTRIBUTED_STRATEGIES`` holds ready ones built on PyTorch's stack (``ddp``, ``ddp_powersgd``,
-    ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``, ``tp``); a plugin's own is any module-level function.
+    it (DDP with a communication hook, ``fully_shard``, ...), and trains on rows ``rank::N`` of each batch (a
+    model-parallel strategy marked so sees the whole batch). ``DISTRIBUTED_STRATEGIES`` holds ready ones built
+    on PyTorch's stack (``ddp``, ``ddp_powersgd``, ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``,
+    ``tp``, ``pp``); a plugin's own is any module-level function.
     The records gain per-rank memory (peak, parameters, optimizer state) and the bytes each rank passed to
     collectives; the trained weights come back for evaluation like any arm's.
 

@@ -17,6 +17,8 @@ from microscope.distributed import (
     ddp_powersgd,
     ddp_sign,
     powersgd_claimed_reduction,
+    pp,
+    takes_own_step,
     takes_whole_batch,
     tp,
     train_on_ranks,
@@ -233,3 +235,39 @@ def test_tp_needs_heads_and_mlp_width_divisible_by_world_size():
     ctx = RankContext(0, 3, torch.device("cpu"), "gloo")
     with pytest.raises(ValueError, match="MLP width 64 is not divisible by world_size=3"):
         tp(Transformer(ModelConfig(n_layers=1, d_model=48, n_heads=3, ffn_dim=64, context=16)), ctx)
+
+
+def test_pp_matches_single_process_on_global_batch(single):
+    assert takes_own_step(pp) and takes_whole_batch(pp) and not takes_own_step(tp)
+    result = run(pp)
+    ref, ref_state = single
+    # microbatching changes only the summation order of the loss and the gradients
+    np.testing.assert_allclose(result.train.loss, ref.loss, rtol=3e-5)
+    np.testing.assert_allclose(result.train.grad_norm, ref.grad_norm, rtol=1e-4)  # global norm across stages
+    assert (ref.grad_norm > 1).any()  # clipping is active
+    assert result.train.layer_names == ref.layer_names
+    assert int(result.train.tokens[0]) == RECIPE.batch_size * 16
+    assert set(result.state_dict) == set(ref_state)  # reassembled under the original names
+    for key, value in ref_state.items():
+        torch.testing.assert_close(result.state_dict[key], value, rtol=1e-4, atol=1e-4)
+    per = CFG.n_layers // WORLD
+    stage_prefixes = [("embed.",) + tuple(f"blocks.{i}." for i in range(per)),
+                      tuple(f"blocks.{i}." for i in range(per, CFG.n_layers)) + ("norm.", "lm_head.")]
+    named = dict(build().named_parameters())
+    act = RECIPE.batch_size * 16 * CFG.d_model * 4  # the (batch, seq, d_model) activations or their gradient
+    for s, prefixes in zip(result.ranks, stage_prefixes):
+        expected = sum(p.numel() * 4 for n, p in named.items() if n.startswith(prefixes))
+        assert s.param_bytes == s.grad_bytes == expected
+        # rank 0 sends the activations forward, rank 1 their gradients back; step 0 adds the shape metadata
+        assert s.step_bytes[1:] == [act] * (RECIPE.steps - 1) and act < s.step_bytes[0] < act + 1024
+    assert sum(s.param_bytes for s in result.ranks) == full_bytes()
+    assert any(n.startswith("pp:") for n in result.notes)
+
+
+def test_pp_needs_layers_divisible_by_world_size_and_batch_by_microbatches():
+    ctx = RankContext(0, 2, torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match="n_layers=3 is not divisible by world_size=2"):
+        pp(Transformer(ModelConfig(n_layers=3, d_model=32, n_heads=2, context=16)), ctx)
+    recipe = TrainRecipe(steps=1, batch_size=6)
+    with pytest.raises(RuntimeError, match="batch_size=6 is not divisible by the 4 microbatches"):
+        train_on_ranks(build, build().state_dict(), Batches(6), recipe, pp, WORLD, timeout_s=60)

@@ -1,12 +1,21 @@
 """Multi-process training of the workload: DDP (+ comm-hook compression), FSDP2 (ZeRO-2/3) and DTensor
-tensor parallel.
+tensor parallel and pipeline parallel (``torch.distributed.pipelining``).
 
 ``train_on_ranks`` spawns one process per rank and returns the merged training record, the full trained
 weights and each rank's measured memory and communication (``launch``); the strategies are in
 ``strategies``; bytes on the wire are counted in ``counting``.
 """
 
-from microscope.distributed.context import RankContext, Strategy, add_note, takes_whole_batch, whole_batch
+from microscope.distributed.context import (
+    RankContext,
+    RankStep,
+    Strategy,
+    add_note,
+    own_step,
+    takes_own_step,
+    takes_whole_batch,
+    whole_batch,
+)
 from microscope.distributed.launch import train_on_ranks
 from microscope.distributed.stats import DistributedResult, RankStats
 from microscope.distributed.strategies import (
@@ -15,6 +24,7 @@ from microscope.distributed.strategies import (
     ddp_powersgd,
     ddp_sign,
     powersgd_claimed_reduction,
+    pp,
     tp,
     zero2,
     zero3,
@@ -26,12 +36,16 @@ __all__ = [
     "DistributedResult",
     "RankContext",
     "RankStats",
+    "RankStep",
     "Strategy",
     "add_note",
     "ddp",
     "ddp_powersgd",
     "ddp_sign",
+    "own_step",
     "powersgd_claimed_reduction",
+    "pp",
+    "takes_own_step",
     "takes_whole_batch",
     "tp",
     "train_on_ranks",

@@ -104,13 +104,17 @@ class CommCounter:
         return counted
 
     def install(self) -> None:
+        # one wrapper per function: ``dist.isend`` must stay ``distributed_c10d.isend`` (P2POp checks identity)
+        wrappers: dict[int, Callable[..., Any]] = {}
         for module, table in ((dist, _DIST), (dist.distributed_c10d, _DIST), (funcol, _FUNCOL)):
             for name, arg in table.items():
                 fn = getattr(module, name, None)
                 if fn is None or getattr(fn, "_microscope_counted", False):
                     continue
                 self._saved.append((module, name, fn))
-                setattr(module, name, self._wrap(name, fn, arg))
+                if id(fn) not in wrappers:
+                    wrappers[id(fn)] = self._wrap(name, fn, arg)
+                setattr(module, name, wrappers[id(fn)])
 
     def uninstall(self) -> None:
         for module, name, fn in reversed(self._saved):

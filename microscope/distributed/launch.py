@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from microscope.distributed.context import RankContext, Strategy, take_notes, takes_whole_batch
+from microscope.distributed.context import RankContext, Strategy, take_notes, takes_own_step, takes_whole_batch
 from microscope.distributed.counting import CommCounter
 from microscope.distributed.peak import LocalTensorBytes
 from microscope.distributed.stats import (
@@ -114,7 +114,10 @@ def _run_rank(rank: int, world_size: int, device_type: str, build: Callable[[], 
     rows = slice(None) if takes_whole_batch(strategy) else slice(rank, None, world_size)
     with counter.installed():
         model = strategy(model.to(device), ctx)
-        trainer = RankTrainer(model, recipe, device, counter)
+        if takes_own_step(strategy):
+            trainer = model.rank_trainer(recipe, device, counter)
+        else:
+            trainer = RankTrainer(model, recipe, device, counter)
         steps: list[StepMetrics] = []
         step_s: list[float] = []
         step_bytes: list[int] = []

@@ -1,7 +1,7 @@
 """The distribution strategies, each a picklable ``Strategy``: ``(model, RankContext) -> module to train``.
 
 All go through PyTorch's own stack (DDP and its comm hooks, FSDP2 ``fully_shard``, DTensor tensor
-parallel); only the 1-bit sign hook (``sign.py``) is home-made.
+parallel, ``torch.distributed.pipelining``); only the 1-bit sign hook (``sign.py``) is home-made.
 """
 
 from __future__ import annotations
@@ -20,17 +20,20 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from microscope.distributed.context import RankContext, add_note, whole_batch
+from microscope.distributed.context import RankContext, add_note, own_step, whole_batch
+from microscope.distributed.pipeline import StageModule
 from microscope.distributed.sign import SignState, sign_hook
 
 __all__ = [
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
+    "PP_MICROBATCHES",
     "STRATEGIES",
     "ddp",
     "ddp_powersgd",
     "ddp_sign",
     "powersgd_claimed_reduction",
+    "pp",
     "tp",
     "zero2",
     "zero3",
@@ -41,6 +44,8 @@ POWERSGD_RANK = 1
 #: torch's PowerSGD with error feedback must allreduce uncompressed for the first 2 steps
 POWERSGD_START_ITER = 2
 POWERSGD_MIN_COMPRESSION = 2.0
+#: microbatches per global batch in ``pp`` (GPipe on p stages: m / (m + p - 1) of the time busy)
+PP_MICROBATCHES = 4
 
 
 def _ddp(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
@@ -173,7 +178,21 @@ def tp(model: nn.Module, ctx: RankContext) -> nn.Module:
     return model
 
 
-STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload, tp)}
+@own_step
+def pp(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """Pipeline parallel (``torch.distributed.pipelining``, GPipe, ``PP_MICROBATCHES`` microbatches): rank r
+    holds stage r, an equal run of blocks (the embedding on the first, the final norm and head on the last),
+    and trains it itself (``StageModule.rank_trainer``). Every rank gets the whole batch."""
+    if model.cfg.n_layers % ctx.world_size:
+        raise ValueError(f"pp: n_layers={model.cfg.n_layers} is not divisible by world_size={ctx.world_size} "
+                         "(each rank holds n_layers / world_size blocks)")
+    add_note(f"pp: GPipe over {PP_MICROBATCHES} microbatches, one stage per rank; the loss is the last stage's "
+             "(the mean of its microbatch losses), tokens are the whole batch; bytes_sent are the activations "
+             "sent forward and their gradients sent back (scalar norm and loss reductions not counted)")
+    return StageModule(model, ctx.rank, ctx.world_size, PP_MICROBATCHES).to(ctx.device)
+
+
+STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload, tp, pp)}
 
 
 def powersgd_claimed_reduction(model: nn.Module, rank: int = POWERSGD_RANK,

@@ -3,7 +3,8 @@
 ``tests/test_distributed.py`` checks the launcher and strategies against single-process training; here the
 rooms' configs run end to end (spawned ranks inside the executor's worker included) and their records
 carry the claims: ZeRO-3 holds half the parameters per rank at DDP's loss, 1-bit compression sends
-under 1/8 of DDP's bytes, tensor parallel splits the block weights at DDP's loss.
+under 1/8 of DDP's bytes, tensor parallel splits the block weights at DDP's loss, pipeline parallel holds one
+stage per rank at DDP's loss.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def test_tensor_parallel_halves_the_split_weights_at_ddps_loss(tmp_path):
     assert 0 <= recs[("tp", "comm_time_share")].value < 1
     assert recs[("tp", "final_loss")].value == pytest.approx(recs[("ddp", "final_loss")].value, rel=1e-4)
     assert recs[("tp", "val_loss")].value > 0  # the gathered weights came back and were evaluated
+
+
+def test_pipeline_parallel_holds_one_stage_per_rank_at_ddps_loss(tmp_path):
+    recs, _ = _run(tmp_path, "pipeline_parallel", ["ddp", "pp"])
+    ddp, pp = recs[("ddp", "rank_param_bytes")], recs[("pp", "rank_param_bytes")]
+    assert pp.details["ranks"] == 2 and len(pp.details["per_rank"]) == 2
+    assert 0.5 <= pp.value / ddp.value < 0.9  # the largest stage; embeddings and head sit on different ranks
+    assert recs[("pp", "comm_bytes_per_step")].value > 0
+    assert recs[("pp", "final_loss")].value == pytest.approx(recs[("ddp", "final_loss")].value, rel=1e-4)
+    assert recs[("pp", "val_loss")].value > 0  # the reassembled weights came back and were evaluated
 
 
 def test_an_arm_on_several_ranks_needs_a_strategy():
