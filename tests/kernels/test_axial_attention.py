@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import fwd_bwd as _fwd_bwd
+from attention_checks import rel_err as _rel
 from microscope_kernels.axial_attention.ablation import AxialAttention
 from microscope_kernels.axial_attention.grid import axial, from_cols, from_rows, to_cols, to_rows
 from microscope_kernels.axial_attention.kernel import axial_attention
@@ -24,22 +27,6 @@ from microscope_kernels.axial_attention.reference import (
 )
 
 from microscope.api import Case
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
-REF_FACTOR = 4.0
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def _fwd_bwd(fn, qkv: list[torch.Tensor], do: torch.Tensor, **kw) -> list[torch.Tensor]:
-    leaves = [t.detach().clone().requires_grad_() for t in qkv]
-    out = fn(*leaves, **kw)
-    out.backward(do)
-    return [out.detach()] + [t.grad for t in leaves]
 
 
 def _draw(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, n: int = 4) -> list[torch.Tensor]:

@@ -17,24 +17,18 @@ import secrets
 
 import pytest
 import torch
+
+#: Compiled kernels on a GPU host; the Triton interpreter with CPU tensors elsewhere (CI).
+from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import rel_err as _rel
 from microscope_kernels.flash_attn import kernel
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.peers import PEERS, sdpa_math
 from microscope_kernels.flash_attn.reference import causal_visible, eager_attention
 
-#: Compiled kernels on a GPU host; the Triton interpreter with CPU tensors elsewhere (CI).
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
-REF_FACTOR = 4.0
-
 
 def _seed() -> int:
     return int(os.environ.get("MICROSCOPE_TEST_SEED", secrets.randbits(31)))
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def _fwd_bwd(fn, inputs: list[torch.Tensor], do: torch.Tensor, causal: bool) -> list[torch.Tensor]:

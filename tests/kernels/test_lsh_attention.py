@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import fwd_bwd as _fwd_bwd
+from attention_checks import rel_err as _rel
 from microscope_kernels.lsh_attention.ablation import LSHAttentionAblation
 from microscope_kernels.lsh_attention.hashing import draw_rotations, hash_vectors
 from microscope_kernels.lsh_attention.kernel import lsh_attention
@@ -29,22 +32,6 @@ from microscope_kernels.lsh_attention.visibility import LSHSpec, key_intervals, 
 from microscope.api import Case
 from microscope.workloads import EagerAttention, ModelConfig, build_model
 from microscope.workloads.checks import future_leak
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
-REF_FACTOR = 4.0
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def _fwd_bwd(fn, qkv: list[torch.Tensor], do: torch.Tensor, args: dict) -> list[torch.Tensor]:
-    leaves = [t.detach().clone().requires_grad_() for t in qkv]
-    out = fn(*leaves, **args)
-    out.backward(do)
-    return [out.detach()] + [t.grad for t in leaves]
 
 
 def _qkv(gen: torch.Generator, sq: int, sk: int, head_dim: int, dtype: torch.dtype, heads: int = 2):

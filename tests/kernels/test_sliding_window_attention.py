@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import fwd_bwd as _fwd_bwd
+from attention_checks import rel_err as _rel
 from microscope_kernels.sliding_window_attention import kernel
 from microscope_kernels.sliding_window_attention.ablation import SlidingWindowAttention
 from microscope_kernels.sliding_window_attention.kernel import sliding_window_attention
@@ -36,22 +39,6 @@ from microscope_kernels.sliding_window_attention.reference import masked_attenti
 
 from microscope.api import Case
 from microscope.workloads import EagerAttention, ModelConfig, build_model
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-FLOOR = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
-REF_FACTOR = 4.0
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def _fwd_bwd(fn, qkv: list[torch.Tensor], do: torch.Tensor, mask: dict) -> list[torch.Tensor]:
-    leaves = [t.detach().clone().requires_grad_() for t in qkv]
-    out = fn(*leaves, **mask)
-    out.backward(do)
-    return [out.detach()] + [t.grad for t in leaves]
 
 
 def _problem(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, window: int, globals: int,
