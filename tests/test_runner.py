@@ -41,6 +41,14 @@ def _by(result, **match):
     return [r for r in result.records if all(getattr(r, k) == v for k, v in match.items())]
 
 
+def _run_plugin(tmp_path, filename: str, source: str, text: str, run_id: str):
+    """Write a plugin file beside a config naming it, and run that config on the CPU."""
+    (tmp_path / filename).write_text(source)
+    cfg = cfgmod.loads(text, str(tmp_path / f"{run_id}.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    return Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id=run_id).run()
+
+
 def test_correct_candidate_passes_every_tensor(toy_run):
     acc = _by(toy_run, variant="fused", dimension="accuracy")
     assert {r.metric for r in acc} == {"out.rel_err", "grad_x.rel_err", "grad_w.rel_err", "timed_calls.ok"}
@@ -366,12 +374,9 @@ class Probe(Ablation):
 
 
 def test_a_non_differentiable_variant_owes_only_its_outputs_when_gradients_are_checked(tmp_path):
-    (tmp_path / "probe.py").write_text(NON_DIFFERENTIABLE)
     text = ("plugin: inference_kernel_probe\nplugins: [probe.py]\ndimensions:\n  accuracy: {backward: true}\n"
             "  throughput: {warmup: 1, rounds: 3, reps: 1}\n  memory: {enabled: false}\n")
-    cfg = cfgmod.loads(text, str(tmp_path / "probe.yaml"))
-    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
-    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="probe").run()
+    result = _run_plugin(tmp_path, "probe.py", NON_DIFFERENTIABLE, text, "probe")
     assert not [r for r in result.records if r.status == "failed"]
     assert {r.metric for r in _by(result, variant="inference", dimension="accuracy")} == {"out.rel_err",
                                                                                        "timed_calls.ok"}
@@ -419,12 +424,9 @@ def test_sequential_rounds_stop_a_decided_case_and_the_table_judges_it_at_the_pe
     its p-value multiplied by the looks."""
     from microscope.stats.run_table import save_run_table
 
-    (tmp_path / "sleepy.py").write_text(SLEEPY)
     text = ("plugin: sleepy_probe\nplugins: [sleepy.py]\ndimensions:\n"
             "  throughput: {warmup: 1, rounds: 40, reps: 1, min_rounds: 8}\n  memory: {enabled: false}\n")
-    cfg = cfgmod.loads(text, str(tmp_path / "sleepy.yaml"))
-    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
-    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="s").run()
+    result = _run_plugin(tmp_path, "sleepy.py", SLEEPY, text, "s")
     (lat,) = _by(result, variant="quick", metric="latency_ms")
     seq = lat.details["sequential"]
     assert len(lat.details["rounds"]) == seq["rounds_run"] < 40 and seq["stopped_early"]
@@ -471,12 +473,9 @@ def test_speed_only_peers_and_plugin_figures(tmp_path):
     from microscope.stats.metrics import SPEED_ONLY
     from microscope.stats.run_table import save_run_table
 
-    (tmp_path / "figures.py").write_text(FIGURES)
     text = ("plugin: figures_probe\nplugins: [figures.py]\ndimensions:\n"
             "  throughput: {warmup: 1, rounds: 4, reps: 1}\n  memory: {enabled: false}\n")
-    cfg = cfgmod.loads(text, str(tmp_path / "figures.yaml"))
-    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
-    result = Runner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="f").run()
+    result = _run_plugin(tmp_path, "figures.py", FIGURES, text, "f")
     acc = _by(result, variant="other_math", dimension="accuracy")
     assert acc and all(r.status == "skipped" and r.reason == SPEED_ONLY for r in acc)
     lat = _by(result, variant="other_math", metric="latency_ms")
