@@ -71,7 +71,7 @@ def main(args: argparse.Namespace, console: Console, err: Console) -> int:
 
 
 def _save(args: argparse.Namespace, console: Console) -> int:
-    from microscope.store.baselines import BaselineError, baseline_from_runs
+    from microscope.store.baselines import BaselineError, baseline_from_runs, describe_class
 
     if len(args.paths) < 2:
         raise BaselineError("baseline save needs run folder(s) and then a NAME, e.g. `microscope baseline save "
@@ -87,17 +87,18 @@ def _save(args: argparse.Namespace, console: Console) -> int:
     except OSError as exc:
         raise BaselineError(f"{target}: cannot write the baseline ({exc.strerror or exc})") from exc
     console.print(Text(f"saved {target}: {len(baseline.metrics)} deterministic metric(s) of "
-                       f"{len({m.plugin for m in baseline.metrics})} plugin(s), applies to device "
-                       f"{baseline.applies_to['device']}"), highlight=False, soft_wrap=True)
+                       f"{len({m.plugin for m in baseline.metrics})} plugin(s), for machine class "
+                       f"{describe_class(baseline.applies_to)} (the file's other classes are kept)"),
+                  highlight=False, soft_wrap=True)
     for note in notes:
         console.print(Text(f"note: {note}", style="yellow"), highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
 def _check(args: argparse.Namespace, console: Console) -> int:
-    from microscope.store.baselines import BaselineError, ExactBaseline, check_runs
+    from microscope.store.baselines import BaselineError, BaselineFile, check_runs
 
-    report = check_runs(ExactBaseline.load(args.exact), _folders(args.runs))
+    report = check_runs(BaselineFile.load(args.exact), _folders(args.runs))
     if report.problems:
         raise BaselineError("; ".join(report.problems))
     for note in report.notes:

@@ -148,5 +148,7 @@ def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
         env["gpu_memory_bytes"] = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         env["gpu_driver"] = gpu_driver()
     env["cpu_model"] = cpu_model()  # launch-bound kernels time the host too
+    # the SIMD level torch's CPU kernels dispatch to: it changes the last bits of CPU results
+    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     env["platform"] = f"{sys.platform}-{platform.machine()}"
     return env

@@ -272,7 +272,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
     from microscope import commands
     from microscope import device as devmod
     from microscope.report.regress_report import explain, print_outcome, write_report
-    from microscope.store.baselines import BaselineError, ExactBaseline
+    from microscope.store.baselines import BaselineError, BaselineFile
 
     _check_args(args)
     configs = _configs(args.configs)
@@ -287,7 +287,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
     exact = None
     if args.exact is not None:
         try:
-            exact = ExactBaseline.load(args.exact)
+            exact = BaselineFile.load(args.exact)
         except BaselineError as exc:
             raise commands.UserError(str(exc)) from exc
     out = args.out or Path("results") / f"regress-{commands.new_stamp()}"

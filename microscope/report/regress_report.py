@@ -230,10 +230,11 @@ def render_markdown(o: Outcome) -> str:
 
 
 def _exact_lines(o: Outcome) -> list[str]:
-    from microscope.store.baselines import number
+    from microscope.store.baselines import describe_class, number
 
     exact = o.exact
-    lines = [f"### Exact gate: `{exact.baseline.path}` (applies to device {exact.baseline.applies_to.get('device')})",
+    lines = [f"### Exact gate: `{exact.baseline.path}` (values of machine class "
+             f"{describe_class(exact.baseline.applies_to)})",
              ""]
     lines += [f"- {_md(p)}" for p in exact.problems + exact.notes]
     bad = exact.differs + exact.unmeasured

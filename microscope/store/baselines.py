@@ -5,7 +5,13 @@ reference, the peak bytes of a call, a tiny model's losses. A statistical gate w
 change in the tenth digit; an exact gate does not. ``results/baselines/<name>.json`` holds, per
 (plugin, variant, case, dimension, metric), the value and the tolerance it must be reproduced to
 (``|now - value| <= atol + rtol * |value|``; 0 and 0 is bit-exact), plus the machine class it applies
-to (``{"device": "cpu"}``). Timing metrics are never stored: they are judged only statistically.
+to (``{"device": "cpu", "cpu_capability": "AVX2"}``). Timing metrics are never stored: they are judged only
+statistically.
+
+A CPU's SIMD level changes the last bits of a kernel run through the Triton interpreter (numpy's exp and
+sums) and of torch's CPU kernels, so a CPU class names the level torch dispatches to. One file holds one
+set of values per class (``baseline save`` adds or replaces this machine's); a check uses the class of
+the machine its runs came from, and says so when the file has none for it.
 
 Default tolerances when a baseline is saved: 0 for memory and whole numbers (counts, bytes), 1e-9
 relative for operator numerics (the float64 error sums may be reduced in another order on another
@@ -26,10 +32,12 @@ from .history_schema import HistoryError
 from .records import RecordsError, read_records
 from .run_summary import summarize_run
 
-__all__ = ["EXACT_DIMENSIONS", "BaselineError", "number", "ExactBaseline", "ExactCheck", "ExactMetric", "ExactReport",
-           "baseline_from_runs", "check_runs"]
+__all__ = ["EXACT_DIMENSIONS", "BaselineError", "BaselineFile", "number", "ExactBaseline", "ExactCheck", "ExactMetric",
+           "ExactReport", "baseline_from_runs", "check_runs", "machine_class"]
 
-FORMAT, VERSION = "microscope-exact-baseline", 1
+FORMAT, VERSION = "microscope-exact-baseline", 2
+#: The keys of a machine class besides ``device``, per device; each is read from the runs' recorded environment.
+CLASS_KEYS = {"cpu": ("cpu_capability",)}
 #: Dimensions whose metrics may be exact on a CPU; throughput (time and rates) never is.
 EXACT_DIMENSIONS = ("accuracy", "memory", "stability", "generalization")
 NUMERICS_RTOL, MODEL_RTOL = 1e-9, 1e-5
@@ -79,9 +87,24 @@ class ExactMetric:
         return " + ".join(parts)
 
 
+def machine_class(device: str, env: dict[str, Any]) -> dict[str, str]:
+    """The class a run's values hold on: its device and, on a CPU, the SIMD level where recorded."""
+    found = {"device": device}
+    for key in CLASS_KEYS.get(device, ()):
+        if env.get(key) not in (None, ""):
+            found[key] = str(env[key])
+    return found
+
+
+def describe_class(applies_to: dict[str, str]) -> str:
+    """``cpu (cpu_capability AVX2)`` for logs and reports."""
+    rest = ", ".join(f"{k} {v}" for k, v in applies_to.items() if k != "device")
+    return f"{applies_to.get('device')}{f' ({rest})' if rest else ''}"
+
+
 @dataclass
 class ExactBaseline:
-    """A baseline file: its name, the machine class it applies to, provenance and the metrics."""
+    """One machine class of a baseline file: the class it applies to, provenance and the metrics."""
 
     name: str
     applies_to: dict[str, str]
@@ -89,9 +112,44 @@ class ExactBaseline:
     recorded: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
+    def applies(self, found: dict[str, str]) -> bool:
+        """Whether values measured on machine class ``found`` are held to this class's values."""
+        return all(found.get(key) == value for key, value in self.applies_to.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"applies_to": self.applies_to, "recorded": self.recorded, "metrics": [asdict(m) for m in self.metrics]}
+
+    def save(self, path: Path) -> Path:
+        """Write this class into ``path``, beside the file's other classes (replacing one for the same class)."""
+        try:
+            held = BaselineFile.load(path) if path.is_file() else BaselineFile(self.name, [])
+        except BaselineError:
+            held = BaselineFile(self.name, [])
+        kept = [c for c in held.classes if c.applies_to != self.applies_to]
+        BaselineFile(self.name, [*kept, self]).save(path)
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path: Path | str) -> ExactBaseline:
+        """The file's only class (tests and one-class files); ``BaselineFile.load`` reads every class."""
+        held = BaselineFile.load(path)
+        if len(held.classes) != 1:
+            raise BaselineError(f"{path}: holds {len(held.classes)} machine classes; pick one with BaselineFile")
+        return held.classes[0]
+
+
+@dataclass
+class BaselineFile:
+    """A baseline file: one ``ExactBaseline`` per machine class it was saved on."""
+
+    name: str
+    classes: list[ExactBaseline]
+    path: Path | None = None
+
     def to_json(self) -> str:
-        data = {"format": FORMAT, "version": VERSION, "name": self.name, "applies_to": self.applies_to,
-                "recorded": self.recorded, "metrics": [asdict(m) for m in self.metrics]}
+        data = {"format": FORMAT, "version": VERSION, "name": self.name,
+                "classes": [c.to_dict() for c in self.classes]}
         return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     def save(self, path: Path) -> Path:
@@ -100,9 +158,15 @@ class ExactBaseline:
         self.path = path
         return path
 
+    def select(self, found: dict[str, str]) -> ExactBaseline | None:
+        """The class whose values hold on machine class ``found`` (the most specific one), or None."""
+        fitting = [c for c in self.classes if c.applies(found)]
+        return max(fitting, key=lambda c: len(c.applies_to)) if fitting else None
+
     @classmethod
-    def load(cls, path: Path | str) -> ExactBaseline:
-        """Read and validate ``path``; every problem is a ``BaselineError`` naming the file and field."""
+    def load(cls, path: Path | str) -> BaselineFile:
+        """Read and validate ``path`` (version 1: one class; 2: a list); every problem is a
+        ``BaselineError`` naming the file and field."""
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -115,29 +179,44 @@ class ExactBaseline:
             raise BaselineError(f"{path}:{exc.lineno}: not JSON ({exc.msg}); {_FIX}") from exc
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise BaselineError(f"{path}: not a microscope exact baseline (field 'format' must be {FORMAT!r})")
+        name = str(data.get("name") or path.stem)
+        if data.get("version") == 1:
+            return cls(name, [_class(path, "", data, name)], path)
         if data.get("version") != VERSION:
-            raise BaselineError(f"{path}: field 'version' is {data.get('version')!r}; this microscope reads version "
-                                f"{VERSION}; {_FIX}")
-        applies = data.get("applies_to")
-        if not isinstance(applies, dict) or applies.get("device") not in ("cpu", "cuda"):
-            raise BaselineError(f"{path}: field 'applies_to.device' must be \"cpu\" or \"cuda\" (the machine class "
-                                "the values hold on)")
-        rows = data.get("metrics")
-        if not isinstance(rows, list) or not rows:
-            raise BaselineError(f"{path}: field 'metrics' must be a non-empty list; {_FIX}")
-        metrics = [_metric(path, i, row) for i, row in enumerate(rows)]
-        seen: set[tuple[str, ...]] = set()
-        for m in metrics:
-            if m.key in seen:
-                raise BaselineError(f"{path}: metrics: {m.label} is listed twice; keep one")
-            seen.add(m.key)
-        recorded = data.get("recorded") if isinstance(data.get("recorded"), dict) else {}
-        return cls(str(data.get("name") or path.stem), {k: str(v) for k, v in applies.items()}, metrics, recorded,
-                   path)
+            raise BaselineError(f"{path}: field 'version' is {data.get('version')!r}; this microscope reads versions "
+                                f"1 and {VERSION}; {_FIX}")
+        rows = data.get("classes")
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise BaselineError(f"{path}: field 'classes' must be a non-empty list of objects; {_FIX}")
+        classes = [_class(path, f"classes[{i}].", row, name) for i, row in enumerate(rows)]
+        for i, c in enumerate(classes):
+            if any(c.applies_to == other.applies_to for other in classes[:i]):
+                raise BaselineError(f"{path}: classes[{i}]: machine class {describe_class(c.applies_to)} is listed "
+                                    "twice; keep one")
+        return cls(name, classes, path)
 
 
-def _metric(path: Path, i: int, row: Any) -> ExactMetric:
-    where = f"{path}: metrics[{i}]"
+def _class(path: Path, where: str, data: dict, name: str) -> ExactBaseline:
+    """One machine class of a baseline file (``where``: its field prefix, for error messages)."""
+    applies = data.get("applies_to")
+    if not isinstance(applies, dict) or applies.get("device") not in ("cpu", "cuda"):
+        raise BaselineError(f"{path}: field '{where}applies_to.device' must be \"cpu\" or \"cuda\" (the machine "
+                            "class the values hold on)")
+    rows = data.get("metrics")
+    if not isinstance(rows, list) or not rows:
+        raise BaselineError(f"{path}: field '{where}metrics' must be a non-empty list; {_FIX}")
+    metrics = [_metric(path, f"{where}metrics[{i}]", row) for i, row in enumerate(rows)]
+    seen: set[tuple[str, ...]] = set()
+    for m in metrics:
+        if m.key in seen:
+            raise BaselineError(f"{path}: {where}metrics: {m.label} is listed twice; keep one")
+        seen.add(m.key)
+    recorded = data.get("recorded") if isinstance(data.get("recorded"), dict) else {}
+    return ExactBaseline(name, {k: str(v) for k, v in applies.items()}, metrics, recorded, path)
+
+
+def _metric(path: Path, field_name: str, row: Any) -> ExactMetric:
+    where = f"{path}: {field_name}"
     if not isinstance(row, dict):
         raise BaselineError(f"{where}: must be an object with plugin, variant, case, dimension, metric, value")
     for name in ("plugin", "variant", "case", "dimension", "metric"):
@@ -238,8 +317,13 @@ def baseline_from_runs(run_dirs: list[Path], name: str, *, rtol: float | None = 
     recorded = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "commit": env.get("commit"), "python": env.get("python"), "torch": env.get("torch"),
                 "triton": env.get("triton"), "machine": env.get("cpu_model") or env.get("device_name"),
+                "cpu_capability": env.get("cpu_capability"),
                 "runs": [d.name for d in map(Path, run_dirs)]}
-    return ExactBaseline(name, {"device": devices.pop()}, metrics, recorded), notes
+    classes = {json.dumps(machine_class(r.device, r.env), sort_keys=True) for r in runs}
+    if len(classes) != 1:
+        raise BaselineError(f"runs from machine classes {', '.join(sorted(classes))}: a baseline's values hold for "
+                            "one class; save each machine's runs on their own")
+    return ExactBaseline(name, machine_class(runs[0].device, runs[0].env), metrics, recorded), notes
 
 
 # -- checking runs -----------------------------------------------------------------------------------
@@ -286,18 +370,27 @@ class ExactReport:
         return [c for c in self.checks if c.status in ("missing", "failed")]
 
 
-def check_runs(baseline: ExactBaseline, run_dirs: list[Path]) -> ExactReport:
-    """Check each run's deterministic metrics against ``baseline``: a value outside its tolerance in any
-    run "differs"; plugins the runs did not measure are not checked (a note says how many)."""
-    report = ExactReport(baseline)
+def check_runs(baseline: ExactBaseline | BaselineFile, run_dirs: list[Path]) -> ExactReport:
+    """Check each run's deterministic metrics against ``baseline`` (a file: its class for the runs'
+    machine): a value outside its tolerance in any run "differs"; plugins the runs did not measure are not
+    checked (a note says how many)."""
     runs = [_read_run(Path(d)) for d in run_dirs]
-    wanted = baseline.applies_to.get("device")
-    wrong = [r for r in runs if r.device != wanted]
+    held = baseline if isinstance(baseline, BaselineFile) else BaselineFile(baseline.name, [baseline], baseline.path)
+    found = [machine_class(r.device, r.env) for r in runs]
+    chosen = held.select(found[0]) if found else held.classes[0]
+    report = ExactReport(chosen or held.classes[0])
+    wrong = [(r, f) for r, f in zip(runs, found) if chosen is None or not chosen.applies(f)]
     if wrong:
-        report.problems.append(f"{baseline.path or baseline.name}: applies to device {wanted}; "
-                               f"{wrong[0].folder.name} ran on {wrong[0].device}, so its values cannot be checked "
-                               "(run with --device " + str(wanted) + " or save a baseline for this device)")
+        run, machine = wrong[0]
+        saved = "; ".join(describe_class(c.applies_to) for c in held.classes)
+        device = machine["device"]
+        report.problems.append(f"{held.path or held.name}: holds values for {saved}; {run.folder.name} ran on "
+                               f"{describe_class(machine)}, so its values cannot be checked (run on a machine of a "
+                               f"saved class, e.g. --device {held.classes[0].applies_to.get('device')}, or add this "
+                               f"machine's values with `microscope baseline save RUN_DIR {held.name}` on --device "
+                               f"{device})")
         return report
+    baseline = chosen
     plugins = {k[0] for r in runs for k in r.values}
     skipped = [m for m in baseline.metrics if m.plugin not in plugins]
     if skipped:

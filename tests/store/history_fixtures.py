@@ -55,6 +55,7 @@ class Night:
     failed_triton: bool = False
     old_csv: bool = False  # a comparison.csv from before the vs/gated columns existed
     seed: int = 0
+    device: str = "cuda"
 
     def __post_init__(self) -> None:
         self.commit = self.commit or commit_sha(self.index)
@@ -65,7 +66,7 @@ def _record(night: Night, variant: str, role: str, dimension: str, metric: str, 
     rec = {"run_id": f"{(START + timedelta(days=night.index)):%Y%m%d-%H%M%S}-safe_softmax", "plugin": "safe_softmax",
            "variant": variant, "role": role, "case_id": CASE, "case": {"rows": 4096, "cols": 16384, "dtype": "bf16"},
            "seed": 7, "dimension": dimension, "metric": metric, "value": value, "unit": "", "status": "ok",
-           "reason": None, "passed": None, "details": {}, "device": "cuda", "interpreted": False,
+           "reason": None, "passed": None, "details": {}, "device": night.device, "interpreted": False,
            "env": night.env | {"commit": night.commit, "branch": night.branch},
            "time": (START + timedelta(days=night.index, seconds=5)).isoformat(timespec="seconds")}
     rec.update(kw)

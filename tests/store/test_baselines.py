@@ -10,7 +10,7 @@ import pytest
 from history_fixtures import CASE, Night, write_night
 
 from microscope.cli import main
-from microscope.store.baselines import BaselineError, ExactBaseline, baseline_from_runs, check_runs
+from microscope.store.baselines import BaselineError, BaselineFile, ExactBaseline, baseline_from_runs, check_runs
 
 
 @pytest.fixture
@@ -64,13 +64,52 @@ def test_unmeasured_metrics_and_other_devices_cannot_be_checked(two_nights, tmp_
     assert {c.status for c in report.unmeasured} == {"failed"} and not report.differs
     cpu = ExactBaseline("cpu", {"device": "cpu"}, baseline.metrics, path=tmp_path / "cpu.json")
     report = check_runs(cpu, two_nights)
-    assert report.problems and "applies to device cpu" in report.problems[0] and "ran on cuda" in report.problems[0]
+    assert report.problems and "holds values for cpu;" in report.problems[0] and "ran on cuda" in report.problems[0]
+
+
+def _cpu_night(folder, index: int, capability: str, err: float = 2.1e-3):
+    env = {"device_name": "cpu", "cpu_model": "AMD EPYC", "cpu_capability": capability, "host_cpus": 2}
+    return write_night(folder, Night(index, env=env, device="cpu", triton_err=err))
+
+
+def test_one_file_holds_each_cpu_class_and_a_check_uses_the_runs_class(tmp_path):
+    """The last bits of CPU numerics follow the SIMD level, so each level keeps its own values."""
+    avx2 = [_cpu_night(tmp_path / "avx2", i, "AVX2") for i in range(2)]
+    avx512 = [_cpu_night(tmp_path / "avx512", i, "AVX512", err=2.1e-3 * (1 + 4e-2)) for i in range(2)]
+    path = tmp_path / "nightly_cpu.json"
+    for runs in (avx2, avx512, avx2):  # saving a class again replaces it, keeping the other
+        baseline, _ = baseline_from_runs(runs, "nightly_cpu")
+        baseline.save(path)
+    held = BaselineFile.load(path)
+    assert [c.applies_to for c in held.classes] == [{"device": "cpu", "cpu_capability": "AVX512"},
+                                                    {"device": "cpu", "cpu_capability": "AVX2"}]
+    for runs in (avx2, avx512):
+        report = check_runs(held, runs)
+        assert not report.problems and not report.differs and {c.status for c in report.checks} == {"same"}
+    assert check_runs(held.classes[1], avx512).problems  # one class alone refuses runs of another
+    other = _cpu_night(tmp_path / "neon", 3, "DEFAULT")
+    (problem,) = check_runs(held, [other]).problems
+    assert "holds values for cpu (cpu_capability AVX512); cpu (cpu_capability AVX2)" in problem
+    assert "ran on cpu (cpu_capability DEFAULT)" in problem and "microscope baseline save RUN_DIR nightly_cpu" in problem
+    with pytest.raises(BaselineError, match="a baseline's values hold for one class"):
+        baseline_from_runs([avx2[0], avx512[0]], "mixed")
+
+
+def test_a_version_1_file_is_one_class_that_applies_to_every_cpu_level(two_nights, tmp_path):
+    runs = [_cpu_night(tmp_path / "runs", i, "AVX512") for i in range(2)]
+    baseline, _ = baseline_from_runs(runs, "old")
+    data = {"format": "microscope-exact-baseline", "version": 1, "name": "old", "applies_to": {"device": "cpu"},
+            "recorded": {}, "metrics": [m.__dict__ for m in baseline.metrics]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    report = check_runs(BaselineFile.load(path), runs)
+    assert not report.problems and {c.status for c in report.checks} == {"same"}
 
 
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not JSON"),
     ('{"format": "something-else"}', "not a microscope exact baseline (field 'format'"),
-    ('{"format": "microscope-exact-baseline", "version": 7}', "field 'version' is 7"),
+    ('{"format": "microscope-exact-baseline", "version": 7}', "field 'version' is 7; this microscope reads versions 1 and 2"),
     ('{"format": "microscope-exact-baseline", "version": 1, "applies_to": {}}', "field 'applies_to.device'"),
     ('{"format": "microscope-exact-baseline", "version": 1, "applies_to": {"device": "cpu"}, "metrics": []}',
      "field 'metrics' must be a non-empty list"),
@@ -96,7 +135,7 @@ def test_cli_save_and_check_exit_codes(two_nights, tmp_path, capsys):
     target = tmp_path / "base" / "nightly.json"
     assert main(["baseline", "save", *map(str, two_nights), str(target)]) == 0
     out = capsys.readouterr().out
-    assert "saved" in out and "4 deterministic metric(s) of 1 plugin(s), applies to device cuda" in out
+    assert "saved" in out and "4 deterministic metric(s) of 1 plugin(s), for machine class cuda" in out
     assert main(["baseline", "check", str(two_nights[0]), "--exact", str(target)]) == 0
     assert "4 metric(s) checked" in capsys.readouterr().out
     drifted = write_night(tmp_path / "later", Night(7, triton_peak=268_435_456.0 + 512))
@@ -107,9 +146,9 @@ def test_cli_save_and_check_exit_codes(two_nights, tmp_path, capsys):
     assert main(["baseline", "check", str(tmp_path / "nowhere"), "--exact", str(target)]) == 2
     assert "neither a run folder" in capsys.readouterr().err
     data = json.loads(target.read_text())
-    data["applies_to"]["device"] = "tpu"
+    data["classes"][0]["applies_to"]["device"] = "tpu"
     target.write_text(json.dumps(data))
     assert main(["baseline", "check", str(two_nights[0]), "--exact", str(target)]) == 2
-    assert "applies_to.device" in capsys.readouterr().err
+    assert "field 'classes[0].applies_to.device'" in capsys.readouterr().err
     assert main(["baseline", "save", str(two_nights[0])]) == 2
     assert "then a NAME" in capsys.readouterr().err
