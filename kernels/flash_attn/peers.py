@@ -80,7 +80,10 @@ def sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
 def _compiled_flex() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    # dynamic=False: a new sequence length recompiles for its static shape, which the precompile step has
+    # put in inductor's caches; automatic dynamic shapes would instead compile a fresh dynamic-shape graph
+    # (5 s on an H200) on the second length the worker meets.
+    return torch.compile(flex_attention, dynamic=False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -100,8 +103,8 @@ def flex_attention_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                             sm_scale: float | None = None) -> torch.Tensor:
     """``torch.compile``d flex_attention (Inductor generates a Triton kernel), causal through a block mask.
 
-    Each new shape or dtype recompiles; the recompile limit is raised for the call so that a sweep over a
-    dozen shapes does not fall back to the unfused eager path halfway through.
+    Each new shape or dtype recompiles (static shapes); the recompile limit is raised for the call so that a
+    sweep over a dozen shapes does not fall back to the unfused eager path halfway through.
     """
     block_mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device)) if causal else None
     with torch._dynamo.config.patch(cache_size_limit=256):

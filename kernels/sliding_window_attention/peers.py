@@ -34,7 +34,8 @@ _HALF = (torch.float16, torch.bfloat16)
 def _compiled_flex() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    # static shapes: each length hits the graph the precompile step warmed (see flash_attn/peers.py)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex_block_mask(pattern: torch.Tensor | None, sq: int, sk: int, window: int, globals: int, block: int,
