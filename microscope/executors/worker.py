@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from microscope.executors import compile_log
+
 if TYPE_CHECKING:
     from microscope.runner import RunBase
 
@@ -119,6 +121,8 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
 
     runner.on_progress = progress
     runner.log = log
+    if spec.device == "cuda":
+        compile_log.install(log)
     free_at_start = _gpu_free(spec.device)
     if spec.device == "cuda" and os.environ.get(LEAK_TRACE) == "1":
         import torch
