@@ -20,6 +20,18 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def error_limit(eager: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """(eager's relative error, the kernel's limit: 4x that plus the dtype's floor).
+
+    Where eager overflowed in the low dtype (fp16 sums past 65504), its error says nothing; the error of
+    merely storing the float64 result in ``dtype`` stands in for it.
+    """
+    base = rel_err(eager, ref)
+    if not base < float("inf"):
+        base = rel_err(ref.to(dtype), ref)
+    return base, REF_FACTOR * base + FLOOR[dtype]
+
+
 def fwd_bwd(fn: Callable[..., torch.Tensor], tensors: list[torch.Tensor], do: torch.Tensor,
             kwargs: dict[str, Any] | None = None, **kw: Any) -> list[torch.Tensor]:
     """[output, grads of ``tensors``] of one call of ``fn`` on fresh leaves, with output gradient ``do``."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import DEVICE, DTYPES, error_limit
 from attention_checks import fwd_bwd as _fwd_bwd
 from attention_checks import rel_err as _rel
 from microscope_kernels.axial_attention.ablation import AxialAttention
@@ -127,8 +127,7 @@ def test_matches_float64_reference(seed, rows, cols, head_dim, dtype, causal):
     got = _fwd_bwd(axial_attention, [q, k, v], do, **kw)
     for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == DTYPES[dtype] and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
-        err, base = _rel(g, r), _rel(e, r)
-        limit = REF_FACTOR * base + FLOOR[g.dtype]
+        err, (base, limit) = _rel(g, r), error_limit(e, r, g.dtype)
         assert err <= limit, f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e})"
 
 

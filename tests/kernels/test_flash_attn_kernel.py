@@ -19,7 +19,7 @@ import pytest
 import torch
 
 #: Compiled kernels on a GPU host; the Triton interpreter with CPU tensors elsewhere (CI).
-from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import DEVICE, DTYPES, error_limit
 from attention_checks import rel_err as _rel
 from microscope_kernels.flash_attn import kernel
 from microscope_kernels.flash_attn.kernel import flash_attention
@@ -59,8 +59,7 @@ def assert_as_accurate_as_eager(sq: int, sk: int, head_dim: int, dtype: torch.dt
     got = _fwd_bwd(flash_attention, [q, k, v], do, causal)
     for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
-        err, base = _rel(g, r), _rel(e, r)
-        limit = REF_FACTOR * base + FLOOR[dtype]
+        err, (base, limit) = _rel(g, r), error_limit(e, r, dtype)
         assert err <= limit, (f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e}) for Sq={sq} "
                               f"Sk={sk} D={head_dim} {dtype} causal={causal}; MICROSCOPE_TEST_SEED={seed}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from attention_checks import DEVICE, DTYPES, FLOOR, REF_FACTOR
+from attention_checks import DEVICE, DTYPES, error_limit
 from attention_checks import fwd_bwd as _fwd_bwd
 from attention_checks import rel_err as _rel
 from microscope_kernels.sliding_window_attention import kernel
@@ -62,8 +62,7 @@ def assert_as_accurate_as_eager(seed: int, sq: int, sk: int, head_dim: int, dtyp
     got = _fwd_bwd(sliding_window_attention, qkv, do, mask)
     for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
-        err, base = _rel(g, r), _rel(e, r)
-        limit = REF_FACTOR * base + FLOOR[dtype]
+        err, (base, limit) = _rel(g, r), error_limit(e, r, dtype)
         assert err <= limit, (f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e}) for Sq={sq} Sk={sk} "
                               f"D={head_dim} {dtype} {mask}")
     return got
