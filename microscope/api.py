@@ -15,7 +15,8 @@ config ``ablations/<name>.yaml`` beside the others (cases, dimensions, a ``profi
 and a ``bench`` profile of benchmark shapes); an outside plugin is any ``.py`` file named under a
 config's ``plugins:``. Model-level plugins swap parts of the embedded workload through the types
 re-exported here (``Transformer``, ``EagerAttention``, ``KVCache``, ``NormGelu``, ``ConvertedLinear``
-for a quantized Linear that ``Transformer.swap_linears`` puts in); nothing else of
+for a quantized Linear that ``Transformer.swap_linears`` puts in, ``MoE``/``use_moe`` for mixture-of-experts
+MLPs); nothing else of
 ``microscope`` is part of the contract.
 
 Minimal example (see ``kernels/flash_attn/ablation.py`` for a full one)::
@@ -50,6 +51,7 @@ from typing import Any, ClassVar
 import torch
 
 from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, NormGelu, Transformer
+from microscope.workloads.moe import MoE, use_moe
 
 __all__ = [
     "CALIBRATION_BATCHES",
@@ -62,6 +64,7 @@ __all__ = [
     "EagerAttention",
     "Figure",
     "KVCache",
+    "MoE",
     "NormGelu",
     "RankContext",  # noqa: F822 - module __getattr__
     "Role",
@@ -76,6 +79,7 @@ __all__ = [
     "peer",
     "randn",
     "register",
+    "use_moe",
 ]
 
 #: Short dtype names used in configs, cases and records.
@@ -282,7 +286,7 @@ class Arm:
     it (DDP with a communication hook, ``fully_shard``, ...), and trains on rows ``rank::N`` of each batch (a
     model-parallel strategy marked so sees the whole batch). ``DISTRIBUTED_STRATEGIES`` holds ready ones built
     on PyTorch's stack (``ddp``, ``ddp_powersgd``, ``ddp_sign``, ``zero2``, ``zero3``, ``zero3_offload``,
-    ``tp``, ``pp``); a plugin's own is any module-level function.
+    ``tp``, ``pp``, ``ep`` for ``MoE`` layers); a plugin's own is any module-level function.
     The records gain per-rank memory (peak, parameters, optimizer state) and the bytes each rank passed to
     collectives; the trained weights come back for evaluation like any arm's.
 

@@ -1,5 +1,5 @@
 """Multi-process training of the workload: DDP (+ comm-hook compression), FSDP2 (ZeRO-2/3) and DTensor
-tensor parallel and pipeline parallel (``torch.distributed.pipelining``).
+tensor parallel, pipeline parallel (``torch.distributed.pipelining``) and expert parallel (``all_to_all_single``).
 
 ``train_on_ranks`` spawns one process per rank and returns the merged training record, the full trained
 weights and each rank's measured memory and communication (``launch``); the strategies are in
@@ -23,6 +23,7 @@ from microscope.distributed.strategies import (
     ddp,
     ddp_powersgd,
     ddp_sign,
+    ep,
     powersgd_claimed_reduction,
     pp,
     tp,
@@ -42,6 +43,7 @@ __all__ = [
     "ddp",
     "ddp_powersgd",
     "ddp_sign",
+    "ep",
     "own_step",
     "powersgd_claimed_reduction",
     "pp",

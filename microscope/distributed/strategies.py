@@ -1,7 +1,8 @@
 """The distribution strategies, each a picklable ``Strategy``: ``(model, RankContext) -> module to train``.
 
 All go through PyTorch's own stack (DDP and its comm hooks, FSDP2 ``fully_shard``, DTensor tensor
-parallel, ``torch.distributed.pipelining``); only the 1-bit sign hook (``sign.py``) is home-made.
+parallel, ``torch.distributed.pipelining``); only the 1-bit sign hook (``sign.py``) and expert parallel's
+token exchange (``expert_parallel.py``, over ``all_to_all_single``) are home-made.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from microscope.distributed.context import RankContext, add_note, own_step, whole_batch
+from microscope.distributed.expert_parallel import split_experts
 from microscope.distributed.pipeline import StageModule
 from microscope.distributed.sign import SignState, sign_hook
 
@@ -32,6 +34,7 @@ __all__ = [
     "ddp",
     "ddp_powersgd",
     "ddp_sign",
+    "ep",
     "powersgd_claimed_reduction",
     "pp",
     "tp",
@@ -192,7 +195,21 @@ def pp(model: nn.Module, ctx: RankContext) -> nn.Module:
     return StageModule(model, ctx.rank, ctx.world_size, PP_MICROBATCHES).to(ctx.device)
 
 
-STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload, tp, pp)}
+def ep(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """Expert parallel for a model with ``MoE`` layers (``microscope.api.use_moe``): each rank keeps E/N experts
+    of every layer and sends each token to its experts' ranks with ``all_to_all_single``
+    (``expert_parallel.split_experts``); the rest is plain DDP over rows ``rank::N``, the experts left out of
+    its all-reduce."""
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, split_experts(model, ctx))
+    add_note("ep: each rank holds experts / world_size experts of every MoE layer and trains on rows rank::N; "
+             "bytes_sent are DDP's all-reduce of the non-expert gradients plus, per MoE layer and step, the "
+             "expert counts (E int64) and four all-to-alls of (tokens x top_k, d_model) rows (dispatch and "
+             "combine, and their gradients in backward), counted whole: the rows a rank keeps for its own "
+             "experts included; routing is unregularized (no load-balancing loss)")
+    return ddp(model, ctx)
+
+
+STRATEGIES = {f.__name__: f for f in (ddp, ddp_powersgd, ddp_sign, zero2, zero3, zero3_offload, tp, pp, ep)}
 
 
 def powersgd_claimed_reduction(model: nn.Module, rank: int = POWERSGD_RANK,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,7 +17,10 @@ from microscope.distributed.stats import unwrap
 from microscope.workloads.stability import layer_groups
 from microscope.workloads.train import StepMetrics, Trainer, TrainRecipe
 
-__all__ = ["RankTrainer"]
+__all__ = ["RankTrainer", "mark_rank_local"]
+
+#: attribute set on a parameter only this rank holds (expert parallel's experts)
+_RANK_LOCAL = "_microscope_rank_local"
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -27,12 +31,25 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if _is_dtensor(t) else t
 
 
+def mark_rank_local(params: Iterable[nn.Parameter]) -> None:
+    """Mark parameters that only this rank holds (no other rank has a copy): like DTensor shards, their
+    squared norms are summed across ranks for the global gradient norm and clipping."""
+    for p in params:
+        setattr(p, _RANK_LOCAL, True)
+
+
+def _is_split(p: torch.Tensor) -> bool:
+    """Whether ``p`` is one rank's part of the model (a DTensor shard or a rank-local parameter)."""
+    return _is_dtensor(p) or getattr(p, _RANK_LOCAL, False)
+
+
 class RankTrainer(Trainer):
     """One rank's ``Trainer``. With DTensor (FSDP2) parameters, whose statistics the base loop cannot take,
     gradient statistics and clipping move into an optimizer pre-step hook (same point in the step: after
     backward and unscaling, before the update) and are reduced across ranks. Tensor parallel mixes DTensor
     and replicated plain parameters, which ``clip_grad_norm_`` refuses: those are clipped by the reduced
-    norm instead (torch's formula)."""
+    norm instead (torch's formula). Rank-local parameters (``mark_rank_local``: expert parallel's experts) go
+    the same way as DTensor shards."""
 
     def __init__(self, model: nn.Module, recipe: TrainRecipe, device: torch.device, counter: CommCounter) -> None:
         super().__init__(model, recipe, device)
@@ -44,8 +61,12 @@ class RankTrainer(Trainer):
             self.groups = [(g, [index[id(named[n])] for n in names]) for g, names in layer_groups(inner)]
             if hasattr(inner, "set_checkpointing"):
                 inner.set_checkpointing(recipe.checkpoint_every)
-        self.sharded = any(_is_dtensor(p) for p in self.params)
+        self.split = torch.tensor([_is_split(p) for p in self.params])
+        self.sharded = bool(self.split.any())
         self.mixed = self.sharded and not all(_is_dtensor(p) for p in self.params)
+        if recipe.precision == "fp16" and any(getattr(p, _RANK_LOCAL, False) for p in self.params):
+            raise ValueError("rank-local parameters (expert parallel) with fp16: each rank's GradScaler would "
+                             "skip steps on its own experts' overflow alone; use fp32 or bf16")
         self._stats: dict[str, Any] = {}
         if self.sharded:
             self.instrument, self.clip = False, recipe.grad_clip
@@ -62,17 +83,15 @@ class RankTrainer(Trainer):
         return torch.where(sharded, total, values)
 
     def _norms(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        sharded = torch.tensor([_is_dtensor(t) for t in tensors])
-        sq = self._global_sums(torch.stack([_local(t).float().pow(2).sum() for t in tensors]), sharded)
+        sq = self._global_sums(torch.stack([_local(t).float().pow(2).sum() for t in tensors]), self.split)
         return sq.sum().sqrt(), torch.stack([sq[idx].sum() for _, idx in self.groups]).sqrt()
 
     def _before_update(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t0 = time.perf_counter()
         grads = [_local(p.grad) if p.grad is not None else _local(p).new_zeros(()) for p in self.params]
-        sharded = torch.tensor([_is_dtensor(p) for p in self.params])
         total, per_group = self._norms([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         counts = torch.stack([torch.stack([g.isnan().sum(), g.isinf().sum()]) for g in grads]).double()
-        counts = torch.stack([self._global_sums(counts[:, i], sharded).sum() for i in range(2)])
+        counts = torch.stack([self._global_sums(counts[:, i], self.split).sum() for i in range(2)])
         self._stats = {"grad_norm": float(total), "layer_grad_norm": per_group.tolist(),
                        "nan_count": int(counts[0]), "inf_count": int(counts[1]),
                        "prev": [p.detach().clone() for p in self.params]}
