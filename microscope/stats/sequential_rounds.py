@@ -12,8 +12,11 @@ p-value multiplied by ``K``, so the Holm step across a case's candidates stays v
 
 A look stops the rounds when every candidate is decided (faster, slower or equivalent) against the
 baseline and against the fastest peer so far: the rows a verdict, the gate and the best-peer headline
-read. Wilcoxon's smallest two-sided p with ``n`` rounds is ``2 / 2**n``, so the first look is moved to
-the round where its level can be reached (``first_decisive_round``): 9 rounds for 7 looks at 0.05.
+read. The table then applies Holm over the run's ``family`` of gating tests (one per candidate and
+case), so a look decides at ``alpha / (K * family)``: a comparison stopped as decided stays significant
+after that correction. Wilcoxon's smallest two-sided p with ``n`` rounds is ``2 / 2**n``, so the first
+look is moved to the round where its level can be reached (``first_decisive_round``): 10 rounds for 2
+looks over 8 cases at 0.05.
 """
 
 from __future__ import annotations
@@ -44,24 +47,28 @@ class RoundLooks:
     look_every: int
     alpha: float = 0.05
     min_band: float = 0.01
+    #: Gating tests the table corrects together (Holm): the run's candidates times its cases.
+    family: int = 1
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_rounds <= self.rounds:
             raise ValueError(f"min_rounds ({self.min_rounds}) must be between 2 and rounds ({self.rounds})")
         if self.look_every < 1:
             raise ValueError("look_every must be >= 1")
+        if self.family < 1:
+            raise ValueError("family must be >= 1")
 
     @property
     def points(self) -> tuple[int, ...]:
         """Rounds completed at each look: min_rounds, then every look_every, and the budget last.
 
-        The first look moves later where its level ``alpha / looks`` is out of Wilcoxon's reach at
-        ``min_rounds`` (a look that cannot decide only costs alpha); fewer looks never need a later start.
+        The first look moves later where its level ``alpha / (looks * family)`` is out of Wilcoxon's reach
+        at ``min_rounds`` (a look that cannot decide only costs alpha); fewer looks never need a later start.
         """
         start = self.min_rounds
         while True:
             pts = (*range(start, self.rounds, self.look_every), self.rounds)
-            need = first_decisive_round(self.alpha / len(pts))
+            need = first_decisive_round(self.alpha / (len(pts) * self.family))
             if need <= start or start >= self.rounds:
                 return pts
             start = min(need, self.rounds)
@@ -72,7 +79,13 @@ class RoundLooks:
 
     @property
     def alpha_per_look(self) -> float:
+        """The level the table judges one look's record at (its p is reported times ``looks``)."""
         return self.alpha / self.looks
+
+    @property
+    def stop_level(self) -> float:
+        """The level a look decides at: per look, and per gating test of the run's Holm family."""
+        return self.alpha_per_look / self.family
 
     def decided(self, rounds: Mapping[str, Sequence[float]], baseline: str, candidates: Sequence[str],
                 peers: Sequence[str] = ()) -> bool:
@@ -90,7 +103,7 @@ class RoundLooks:
             others.append(min(live_peers, key=lambda p: statistics.median(rounds[p])))
         for cand in (c for c in candidates if c in rounds):
             for other in others:
-                res = compare_latency(rounds[other], rounds[cand], alpha=self.alpha_per_look,
+                res = compare_latency(rounds[other], rounds[cand], alpha=self.stop_level,
                                       min_band=self.min_band, seed=0)
                 if res.verdict not in DECIDED:
                     return False
@@ -98,5 +111,5 @@ class RoundLooks:
 
     def as_details(self, done: int) -> dict[str, float | int | bool]:
         """What a throughput record says about its sequential rounds (``details.sequential``)."""
-        return {"looks": self.looks, "alpha_per_look": self.alpha_per_look, "max_rounds": self.rounds,
-                "rounds_run": done, "stopped_early": done < self.rounds}
+        return {"looks": self.looks, "alpha_per_look": self.alpha_per_look, "family": self.family,
+                "max_rounds": self.rounds, "rounds_run": done, "stopped_early": done < self.rounds}

@@ -28,6 +28,22 @@ def test_looks_start_at_min_rounds_step_by_look_every_and_end_at_the_budget():
         RoundLooks(min_rounds=12, rounds=10, look_every=2)
 
 
+def test_a_run_of_many_cases_decides_each_look_at_its_share_of_the_holm_family():
+    """8 cases: Holm multiplies the smallest p by 8, so a look stops only below alpha / (looks * 8), and
+    the first look waits for the round where Wilcoxon can reach it (10 rounds for 2 looks, not 8)."""
+    looks = RoundLooks(min_rounds=8, rounds=12, look_every=4, alpha=0.05, family=8)
+    assert looks.points == (10, 12) and looks.stop_level == pytest.approx(0.05 / 16)
+    assert looks.alpha_per_look == pytest.approx(0.025)  # what the table judges a record at, before Holm
+    rng = np.random.default_rng(2)
+    clear = {"base": rounds(rng, 1.0, 8), "cand": rounds(rng, 4.0, 8)}
+    assert RoundLooks(8, 12, 4).decided(clear, "base", ["cand"])  # p = 2/256 < 0.025
+    assert not looks.decided(clear, "base", ["cand"])  # 2/256 x 16 > 0.05: Holm would undo the call
+    more = {"base": rounds(rng, 1.0, 10), "cand": rounds(rng, 4.0, 10)}
+    assert looks.decided(more, "base", ["cand"])
+    with pytest.raises(ValueError):
+        RoundLooks(8, 12, 4, family=0)
+
+
 def test_first_decisive_round_is_where_wilcoxon_can_first_reach_the_level():
     for level in (0.05, 0.0125, 0.001):
         n = first_decisive_round(level)
