@@ -28,11 +28,28 @@ def resolve(requested: str = "auto") -> str:
 
 
 def prepare(device: str) -> bool:
-    """Switch Triton to its CPU interpreter for CPU runs; returns whether kernels are interpreted."""
+    """Switch Triton to its CPU interpreter for CPU runs; returns whether kernels are interpreted.
+
+    On a GPU, pins Triton's disk cache to one directory for this process and every process it starts:
+    torch.compile points ``TRITON_CACHE_DIR`` at its own folder on first use, so binaries the precompile
+    step built before or after a compiled peer ran would land where the timed worker does not look.
+    """
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
         return True
+    if "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir()
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_cache_dir() -> str:
+    """Triton's own default cache folder (``~/.triton/cache`` unless its settings say otherwise)."""
+    try:
+        from triton import knobs
+
+        return str(knobs.cache.dir)
+    except (ImportError, AttributeError):
+        return os.path.join(os.path.expanduser("~"), ".triton", "cache")
 
 
 def synchronize(device: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from microscope import registry
@@ -59,3 +61,17 @@ def test_skipped_when_turned_off_or_when_the_plugin_compiles_nothing(probe, monk
     plain = registry.get("toy_gelu", ["tests/plugins/toy.py"])
     assert defines_precompile(probe) and not defines_precompile(plain)
     assert precompile(plain, grid(n=[1]), "cuda", backward=False) is None
+
+
+def test_a_gpu_run_pins_tritons_cache_folder_for_every_process_it_starts(monkeypatch):
+    """torch.compile points TRITON_CACHE_DIR at its own folder on first use; a GPU run fixes it first, so
+    the precompile processes and the timed worker share one cache (a user's own choice is kept)."""
+    from microscope import device
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert device.prepare("cuda") is False
+    assert os.environ["TRITON_CACHE_DIR"] == device.triton_cache_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
+    device.prepare("cuda")
+    assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
