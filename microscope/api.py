@@ -405,7 +405,9 @@ class Ablation:
         backward kernels where ``backward``: the run checks or times gradients), only the
         ``shard[0]``-th of ``shard[1]`` parts (e.g. autotuning candidate ``i`` where ``i % shard[1] ==
         shard[0]``). Before a GPU run the harness calls every shard in its own process, so candidates
-        compile side by side into Triton's on-disk cache rather than one by one in the first call.
+        compile side by side into Triton's on-disk cache rather than one by one in the first call. The
+        numbering turns with the case (case ``j``'s shard 0 runs in process ``j mod shard[1]``), so work done
+        once per case under ``shard[0] == 0`` (a torch.compile warm-up) spreads over the processes.
         ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> Mapping[str, Mapping[str, Figure]]:

@@ -93,6 +93,12 @@ def _plugin_source(plugin: Ablation) -> str | None:
         return None
 
 
+def case_shard(process: int, count: int, case_index: int) -> tuple[int, int]:
+    """The shard process ``process`` compiles of case ``case_index``: turned by the case, so that each case's
+    shard 0 (and its first candidates) falls in a different process."""
+    return (process - case_index) % count, count
+
+
 def _shard(name: str, source: str | None, cases: list[dict], device: str, shard: tuple[int, int],
            backward: bool) -> list[str]:
     """In a pool process: this shard of every case's candidates; returns one line per failure."""
@@ -100,10 +106,10 @@ def _shard(name: str, source: str | None, cases: list[dict], device: str, shard:
 
     plugin = registry.get(name, (source,) if source else ())
     errors = []
-    for params in cases:
+    for index, params in enumerate(cases):
         case = Case.of(**params)
         try:
-            plugin.precompile(case, device, shard, backward)
+            plugin.precompile(case, device, case_shard(shard[0], shard[1], index), backward)
         except Exception as exc:  # noqa: BLE001 - reported; the run compiles on first use instead
             errors.append(f"{case.id}: {type(exc).__name__}: {str(exc)[:200]}")
     return errors

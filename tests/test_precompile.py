@@ -75,3 +75,15 @@ def test_a_gpu_run_pins_tritons_cache_folder_for_every_process_it_starts(monkeyp
     monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
     device.prepare("cuda")
     assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
+
+
+def test_each_cases_shard_0_runs_in_its_own_process_and_every_shard_runs_once():
+    """Once-per-case work (a torch.compile warm-up, ~20 s) sits under shard 0; turning the numbering by the
+    case spreads it over the processes instead of stacking cases that hash alike in one."""
+    from microscope.precompile import case_shard
+
+    count = 4
+    for case in range(6):
+        shards = [case_shard(process, count, case) for process in range(count)]
+        assert sorted(shards) == [(i, count) for i in range(count)]  # each shard once per case
+        assert shards.index((0, count)) == case % count

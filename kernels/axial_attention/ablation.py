@@ -12,8 +12,6 @@ speed-only peers (``checked=False``: timed in the same rounds, accuracy skipped)
 
 from __future__ import annotations
 
-import zlib
-
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
@@ -89,13 +87,14 @@ class AxialAttention(Ablation):
         if device != "cuda" or _flash_supports(case, device):
             return
         _, _, seq, head_dim = _shape(case)
-        lengths = [case["cols"], case["rows"]]
-        if zlib.crc32(case.id.encode()) % shard[1] == shard[0]:
-            lengths.append(seq)
+        # the passes' lengths split over every process; the full length's candidates all in shard 0
+        lengths = {case["cols"]: shard, case["rows"]: shard}
+        if shard[0] == 0:
+            lengths.setdefault(seq, (0, 1))
         failed = []
-        for length in dict.fromkeys(lengths):
+        for length, part in lengths.items():
             x = torch.zeros((1, 1, length, head_dim), device=device, dtype=case.dtype)
-            failed += flash_precompile(x, x, bool(case["causal"]), backward=backward, shard=shard)
+            failed += flash_precompile(x, x, bool(case["causal"]), backward=backward, shard=part)
         if failed:
             raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
                                f"{failed[0][2]}")
