@@ -48,8 +48,9 @@ if [ "${FLASH_CUDA:-1}" = 1 ]; then
   step flash_attn-cuda "${FLASH_S:-90}" python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
     --out "$WORK/runs" --no-report --no-progress
 fi
+# ROOM_S: each room's step limit (90 s, the budget; more to see how long a room takes)
 for room in ${ROOMS-flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache}; do
-  limit=90
+  limit=${ROOM_S:-90}
   [ "$room" = flash_attn ] && limit=180
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
     --out "$WORK/runs" --no-report --no-progress
