@@ -24,6 +24,7 @@ from microscope_kernels.paged_attention.allocator import blocks_for
 from microscope_kernels.paged_attention.cache import contiguous_from_packed, paged_from_contiguous, paged_from_packed
 from microscope_kernels.paged_attention.capacity import CacheLayout, capacity, mixed_workload
 from microscope_kernels.paged_attention.kernel import PAGE_SIZES, paged_decode_attention
+from microscope_kernels.paged_attention.kernel import precompile as compile_candidates
 from microscope_kernels.paged_attention.reference import (
     eager_decode_attention,
     flex_decode_attention,
@@ -172,6 +173,17 @@ class PagedAttention(Ablation):
         order = torch.randperm(sum(blocks_for(n, block) for n in lengths), generator=gen)
         k_pool, v_pool, block_table = paged_from_contiguous(k, v, lengths, block, order)
         return {**common, "k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool, "block_table": block_table}
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of the split kernel's autotuning candidates for the case's block size, head dim and
+        split plan (decode only: serve mode times cache layouts, not this kernel)."""
+        if device != "cuda" or case["mode"] != "decode":
+            return
+        _check_case(case)
+        failed = compile_candidates(case["batch"], case["heads"], case["head_dim"], case["block"], case["tokens"],
+                                    case.dtype, device, shard)
+        if failed:
+            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]}: {failed[0][1]}")
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> dict[str, dict[str, Figure]]:
         """Sequences admitted and fragmentation (``capacity.capacity``), paged for ``triton_paged`` and

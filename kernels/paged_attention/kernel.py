@@ -175,6 +175,36 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) 
     return split_len, num_splits
 
 
+def precompile(batch: int, heads: int, head_dim: int, page: int, tokens: int, dtype: torch.dtype, device: str,
+               shard: tuple[int, int] = (0, 1)) -> list[tuple[str, str]]:
+    """Compile shard ``shard[0]`` of ``shard[1]`` of the split kernel's autotuning candidates (the merge
+    kernel in shard 0) for a decode over ``batch`` x ``heads`` sequences of up to ``tokens`` in blocks of
+    ``page``. Triton specializes on integer arguments, so the call's own (heads, split length, strides) go
+    in, on one-block stand-in tensors. Returns (kernel, error) per candidate that failed."""
+    if interpreting():
+        return []
+    q = torch.empty((batch, heads, head_dim), device=device, dtype=dtype)
+    pool = torch.empty((1, heads, page, head_dim), device=device, dtype=dtype)
+    table = torch.empty((batch, _cdiv(tokens, page)), device=device, dtype=torch.int32)
+    lens = torch.empty((batch,), device=device, dtype=torch.int32)
+    split_len, num_splits = _split_plan(q, table.shape[1] * page, None, True)
+    part_acc = torch.empty((num_splits, head_dim), device=device, dtype=torch.float32)
+    part_ml = torch.empty((num_splits, 2), device=device, dtype=torch.float32)
+    args = (q, pool, pool, table, lens, part_acc, part_ml, heads, split_len, num_splits, 1.0 / math.sqrt(head_dim),
+            q.stride(0), q.stride(1), *pool.stride()[:3], *pool.stride()[:3], table.stride(0))
+    failed = []
+    for cfg in _CONFIGS[shard[0]::shard[1]]:
+        try:
+            _paged_split_kernel.warmup(*args, grid=(1,), D=head_dim, PAGE=page, **cfg.all_kwargs())
+        except Exception as exc:  # noqa: BLE001 - reported; the autotuner compiles it on first use instead
+            failed.append((f"_paged_split_kernel {cfg}", f"{type(exc).__name__}: {str(exc)[:300]}"))
+    if shard[0] == 0:
+        out = torch.empty((1, head_dim), device=device, dtype=dtype)
+        _merge_kernel.warmup(part_acc, part_ml, out, num_splits, head_dim, grid=(1,), D=head_dim,
+                             BLOCK_S=max(2, 1 << (num_splits - 1).bit_length()), num_warps=4)
+    return failed
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, sm_scale: float | None = None, split_len: int | None = None,

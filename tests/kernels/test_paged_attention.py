@@ -437,3 +437,30 @@ def test_the_config_loads_on_every_device_and_profile(profile):
             config, plugin = load_checked(path, device, quick, overrides)
             assert plugin.name == "paged_attention"
     assert config.cases  # the last one loaded: cuda with the profile's (or the device's) cases
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_precompile_builds_what_the_autotuner_then_loads_from_the_disk_cache(tmp_path, monkeypatch):
+    """The precompile step's binaries are the ones a call uses: after it, the first call (autotuning every
+    candidate) compiles nothing, it only loads from Triton's cache."""
+    from microscope_kernels.paged_attention import kernel
+    from triton import knobs
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # empty: only what precompile writes is there
+    b, h, t, d, page = 3, 4, 1000, 64, 32
+    assert kernel.precompile(b, h, d, page, t, torch.float16, "cuda", (0, 2)) == []
+    assert kernel.precompile(b, h, d, page, t, torch.float16, "cuda", (1, 2)) == []
+    builds: list[bool] = []
+    previous = knobs.compilation.listener
+    knobs.compilation.listener = lambda *, cache_hit, **_: builds.append(cache_hit)
+    try:
+        lens = [t, 1, 517]
+        k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.float16) for _ in range(2))
+        k_pool, v_pool, table = paged_from_contiguous(k, v, lens, page)
+        q = torch.randn(b, h, d, device="cuda", dtype=torch.float16)
+        paged_decode_attention(q, k_pool, v_pool, table, torch.tensor(lens, device="cuda", dtype=torch.int32))
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = previous
+    assert builds and all(builds), f"{builds.count(False)} of {len(builds)} kernel builds compiled in the call"
