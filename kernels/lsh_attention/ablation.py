@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 from microscope_kernels.flash_attn.kernel import flash_attention
+from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
 from microscope.api import Ablation, Arm, Case, Figure, Role, baseline, candidate, grid, peer, randn, register
 
@@ -117,6 +118,17 @@ class LSHAttentionAblation(Ablation):
                           patch=use_full_flash_attention, needs=("triton",)),
     }
     tolerance = ATTENTION_TOLERANCE
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of flash_attn's autotuning candidates at the case's full length, for the flash_full
+        peer (its shapes are in no tuned table, so each length autotunes every candidate)."""
+        if device != "cuda" or case["head_dim"] not in FLASH_HEAD_DIMS:
+            return
+        x = torch.zeros((1, 1, case["seq"], case["head_dim"]), device=device, dtype=case.dtype)
+        failed = flash_precompile(x, x, bool(_spec(case).causal), backward=backward, shard=shard)
+        if failed:
+            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
+                               f"{failed[0][2]}")
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         spec = _spec(case)
