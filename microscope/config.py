@@ -167,6 +167,7 @@ class WorkloadConfig:
     eval_batch_size: int | None = None  # rows per evaluation batch and of the inference prompt (default: profile's)
     decode_tokens: int = 16  # greedy decode steps timed through the KV cache
     margin: float = 0.0  # non-inferiority margin of the validation loss, in nats
+    ranks: int | None = None  # processes for every arm the plugin runs on several (2 or 4 GPUs; default: its own)
     model: Mapping[str, Any] = field(default_factory=dict)
     recipe: Mapping[str, Any] = field(default_factory=dict)
     corpus: Mapping[str, Any] = field(default_factory=dict)
@@ -297,6 +298,7 @@ BOUNDS: dict[str, Bounds] = {
     "workload.eval_batch_size": _whole(1, 65_536),
     "workload.decode_tokens": _whole(1, 1_000_000),
     "workload.margin": Bounds(0, 10),
+    "workload.ranks": _whole(2, 1024),
     "instrument.histograms": _whole(0, 4096),
     "instrument.divergence_threshold": Bounds(0, 1e6, low_open=True),
     "instrument.profile.wait": _whole(0, 1000),

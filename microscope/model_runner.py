@@ -19,6 +19,7 @@ generalization), ``throughput.enabled`` the speed records, ``memory.enabled`` th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 
@@ -42,9 +43,13 @@ _ROLE_ORDER = {Role.BASELINE: 0, Role.CANDIDATE: 1, Role.PEER: 2}
 
 
 def plan_arms(plugin: Ablation, config: RunConfig) -> list[tuple[str, Arm]]:
-    """Arms to run, baseline first; a config's ``variants:`` subset always keeps the baseline."""
+    """Arms to run, baseline first; a config's ``variants:`` subset always keeps the baseline.
+    ``workload.ranks`` sets the processes of every arm the plugin runs on several (a single-process arm
+    stays one)."""
     chosen = set(config.variants)
     arms = [(n, a) for n, a in plugin.arms.items() if not chosen or n in chosen or a.role is Role.BASELINE]
+    if config.workload.ranks:
+        arms = [(n, dataclasses.replace(a, ranks=config.workload.ranks) if a.ranks > 1 else a) for n, a in arms]
     return sorted(arms, key=lambda na: _ROLE_ORDER[na[1].role])
 
 

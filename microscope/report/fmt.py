@@ -24,9 +24,9 @@ def finite(value: Any) -> float | None:
 
 def is_time_metric(metric: str) -> bool:
     """Latency-like metrics, where a smaller value is better (``latency_ms``, ``step_time_s``)."""
-    if is_rate_metric(metric):
-        return False
     m = metric.lower()
+    if is_rate_metric(metric) or m.endswith(("_share", "_fraction")):  # comm_time_share: a part of the time
+        return False
     return "latency" in m or "time" in m or m.endswith(("_ms", "_us", "_s", "_ns"))
 
 

@@ -253,8 +253,9 @@ def with_baselines(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(baseline=table["baseline"].where(table["baseline"] != "", fill))
 
 
-def from_comparison(table: pd.DataFrame) -> list[Headline]:
-    """Headlines from the statistics engine's verdicts, grouped by dimension and variant pair."""
+def from_comparison(table: pd.DataFrame, ranks: dict[str, int] | None = None) -> list[Headline]:
+    """Headlines from the statistics engine's verdicts, grouped by dimension and variant pair; ``ranks``
+    (arm -> processes, distributed arms only) adds the scaling efficiency to a train-speed ratio."""
     if table is None or not len(table):
         return []
     table = with_baselines(table)
@@ -266,7 +267,7 @@ def from_comparison(table: pd.DataFrame) -> list[Headline]:
         for d, m, v, w in zip(table["dimension"], table["metric"], table["verdict"], vs)])
     table = table.assign(_base=table["baseline"].where(table["_family"] != "best_peer", "best peer"))
     plugins = table["plugin"].nunique() > 1
-    out = _rate_headlines(table, plugins) + _figures_shown(table, plugins)
+    out = _rate_headlines(table, plugins, ranks or {}) + _figures_shown(table, plugins)
     table = table[table["_family"] != "info"]
     skipped: dict[str, list[str]] = {}
     out.extend(_figures_failed(table, plugins))
@@ -376,9 +377,10 @@ def skipped_headline(skipped: dict[str, list[str]]) -> Headline:
                     {"skipped": len(skipped)})
 
 
-def _rate_headlines(table: pd.DataFrame, plugins: bool) -> list[Headline]:
+def _rate_headlines(table: pd.DataFrame, plugins: bool, ranks: dict[str, int]) -> list[Headline]:
     """Model-level speed (train/prefill/decode tokens/s): rates with no latency row behind them, so
-    no verdict either; the ratios are still what a reviewer looks for first, so say them, untested."""
+    no verdict either; the ratios are still what a reviewer looks for first, so say them, untested. An arm
+    on N ranks against a single-process baseline also gets its scaling efficiency (train ratio / N)."""
     timed = set(table.loc[table["_family"] == "latency", "plugin"])
     rates = table[(table["_family"] == "info") & (table["dimension"] == "throughput") & ~table["plugin"].isin(timed)]
     out = []
@@ -387,6 +389,9 @@ def _rate_headlines(table: pd.DataFrame, plugins: bool) -> list[Headline]:
         if not len(per_metric):
             continue
         items = ", ".join(f"{metric} ×{value:.3g}" for metric, value in per_metric.items())
+        n = ranks.get(str(cand), 1)
+        if n > 1 and str(base) not in ranks and "train_tokens_per_s" in per_metric:
+            items += f"; scaling efficiency {per_metric['train_tokens_per_s'] / n:.0%} on {n} ranks"
         text = (f"{plugin}: " if plugins else "") + f"{cand} vs {base}: {items} (rates; no statistical test)"
         out.append(Headline("throughput", text, "neutral", {"info": len(rows)}))
     return out
@@ -494,10 +499,18 @@ def _accuracy_from_records(rows: pd.DataFrame, tag: str) -> list[Headline]:
     return out
 
 
+def _ranks(records: pd.DataFrame) -> dict[str, int]:
+    """Processes per distributed arm, from its rank records' ``details.ranks``."""
+    if not len(records) or "details.ranks" not in records.columns:
+        return {}
+    known = records.dropna(subset=["details.ranks"])
+    return {str(v): int(n) for v, n in zip(known["variant"], known["details.ranks"])}
+
+
 def headlines(run: RunData) -> list[Headline]:
     """Every dimension of the run gets at least one sentence (verdicts where they exist), in the design's
     dimension order and, within a dimension, regressions first."""
-    out = from_comparison(run.comparison) if run.comparison is not None else []
+    out = from_comparison(run.comparison, _ranks(run.records)) if run.comparison is not None else []
     covered = {h.dimension for h in out}
     if run.comparison is not None and len(run.comparison):
         # a dimension whose rows are all "not judged" (wrong variants) has its say in the accuracy line;

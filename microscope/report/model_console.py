@@ -39,14 +39,25 @@ _COLUMNS: tuple[tuple[str, str, str, float], ...] = (
 )
 
 
+def scaling_efficiency(tokens_per_s: float, single_tokens_per_s: float, ranks: int) -> float:
+    """Data-parallel scaling efficiency: the speed-up over one process on the same global batch, per rank."""
+    return tokens_per_s / single_tokens_per_s / ranks
+
+
 def model_summary_table(records: Iterable[Record], title: str = "") -> Table:
-    """One row per arm: seeds that trained, then the seed means of the summary metrics, then problems."""
+    """One row per arm: seeds that trained, then the seed means of the summary metrics, then problems.
+
+    Where arms train on several ranks and the baseline on one process, a "scaling eff." column gives each
+    distributed arm's ``scaling_efficiency`` against the baseline (seed means of train tokens/s)."""
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     roles: dict[str, str] = {}
     seeds: dict[str, set[int]] = defaultdict(set)
     problems: dict[str, list[str]] = defaultdict(list)
+    ranks: dict[str, int] = {}
     for r in records:
         roles.setdefault(r.variant, r.role)
+        if isinstance(r.details, dict) and isinstance(r.details.get("ranks"), int):
+            ranks[r.variant] = r.details["ranks"]
         if r.status == "ok" and r.value is not None:
             values[r.variant][r.metric].append(r.value)
             if r.metric == "final_loss":
@@ -65,12 +76,22 @@ def model_summary_table(records: Iterable[Record], title: str = "") -> Table:
     table.add_column("seeds", justify="right")
     for header, *_ in columns:
         table.add_column(header, justify="right")
+    base = next((a for a in roles if roles[a] == "baseline"), None)
+    single = (statistics.fmean(values[base]["train_tokens_per_s"])
+              if base and base not in ranks and values[base].get("train_tokens_per_s") else None)
+    efficiency = single is not None and any(n > 1 for n in ranks.values())
+    if efficiency:
+        table.add_column("scaling eff.", justify="right")
     table.add_column("notes", overflow="fold")
     for arm in sorted(roles, key=lambda a: _ROLE_ORDER.get(roles[a], 3)):
         cells = []
         for _, metric, spec, scale in columns:
             got = values[arm].get(metric)
             cells.append(format(statistics.fmean(got) * scale, spec) if got else "-")
+        if efficiency:
+            speed = values[arm].get("train_tokens_per_s")
+            cells.append(f"{scaling_efficiency(statistics.fmean(speed), single, ranks[arm]):.0%} ({ranks[arm]} ranks)"
+                         if speed and ranks.get(arm, 1) > 1 else "-")
         notes = "; ".join(problems[arm])
         table.add_row(arm, roles[arm], str(len(seeds[arm])), *cells, notes[:240])
     return table

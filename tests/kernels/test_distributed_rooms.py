@@ -74,3 +74,17 @@ def test_an_arm_on_several_ranks_needs_a_strategy():
         Arm(Role.CANDIDATE, ranks=2)
     with pytest.raises(ValueError, match="whole number"):
         Arm(Role.CANDIDATE, ranks=0)
+
+
+def test_workload_ranks_sets_every_distributed_arm_and_leaves_one_process_arms_alone():
+    """``--set workload.ranks=4`` is how a 4-GPU machine runs a room written for 2: every arm on ranks
+    takes 4, the single-process baseline stays one; 1 is refused (a distributed arm needs 2 or more)."""
+    from microscope.commands import UserError
+    from microscope.model_runner import plan_arms
+
+    config, plugin = load_checked(ROOT / "ablations" / "data_parallel.yaml", "cpu", True, {"workload.ranks": 4})
+    assert {name: arm.ranks for name, arm in plan_arms(plugin, config)} == {"single": 1, "ddp": 4}
+    config, plugin = load_checked(ROOT / "ablations" / "zero_sharding.yaml", "cpu", True, {"workload.ranks": 4})
+    assert {arm.ranks for _, arm in plan_arms(plugin, config)} == {4}
+    with pytest.raises(UserError, match="workload.ranks=1: must be a whole number from 2"):
+        load_checked(ROOT / "ablations" / "data_parallel.yaml", "cpu", True, {"workload.ranks": 1})

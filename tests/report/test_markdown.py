@@ -186,3 +186,25 @@ def test_model_level_speed_gets_an_untested_headline_with_its_ratios() -> None:
     lines = [h.text for h in from_comparison(table) if h.dimension == "throughput"]
     assert lines == ["every_1 vs none: train_tokens_per_s ×0.733, decode_tokens_per_s ×0.796 "
                      "(rates; no statistical test)"]
+
+
+def test_a_distributed_arm_against_one_process_gets_its_scaling_efficiency() -> None:
+    """ddp on 4 ranks at 3.2x one process's train tokens/s: 80% scaling efficiency. A skipped
+    comm_time_share row (the single-process baseline has no communication) is a share, not a latency."""
+    from microscope.report.headline import from_comparison
+    from microscope.stats import TABLE_COLUMNS
+
+    def row(metric: str, base: float | None, cand: float, verdict: str = "info") -> dict:
+        r = dict.fromkeys(TABLE_COLUMNS, "")
+        r.update(plugin="data_parallel", case_id="profile=gpu,task=lm", dimension="throughput", metric=metric,
+                 baseline="single", candidate="ddp", role="candidate", baseline_value=base, candidate_value=cand,
+                 ratio_or_delta=cand / base if base else float("nan"), verdict=verdict)
+        return r
+
+    table = pd.DataFrame([row("train_tokens_per_s", 1000.0, 3200.0), row("comm_time_share", None, 0.12, "skipped")])
+    lines = [h.text for h in from_comparison(table, {"ddp": 4}) if h.dimension == "throughput"]
+    assert lines == ["ddp vs single: train_tokens_per_s ×3.2; scaling efficiency 80% on 4 ranks "
+                     "(rates; no statistical test)"]
+    # both arms on ranks (ddp vs zero3): no single-process speed to scale from
+    lines = [h.text for h in from_comparison(table, {"ddp": 4, "single": 4}) if h.dimension == "throughput"]
+    assert lines == ["ddp vs single: train_tokens_per_s ×3.2 (rates; no statistical test)"]
