@@ -235,6 +235,22 @@ def test_a_leak_note_names_the_new_tensors_and_what_holds_them() -> None:
     assert note.startswith("4 MiB in ") and "2 MiB held by no Python tensor" in note
 
 
+def test_the_leak_listing_leaves_out_fake_tensors() -> None:
+    """torch.compile keeps FakeTensors of its example inputs (dynamo's TrackedFake): they report the input's
+    device and size but hold no memory, so a note blaming them (paged_attention's "1024 MiB held by a
+    TrackedFake" on the H200) pointed at the wrong thing and replaced a healthy worker."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from microscope.executors.worker import leak_suspects, live_tensors
+
+    first = live_tensors("cpu")
+    with FakeTensorMode():
+        fake = torch.empty(1024, 1024)
+    assert fake.device.type == "cpu" and id(fake) not in live_tensors("cpu")
+    assert leak_suspects(2**20, "cpu", first).startswith("0 MiB in 0 Python-held tensor(s)")
+
+
 def test_the_leak_listing_skips_tensors_without_a_storage() -> None:
     """vmap's batched tensors (flex_attention's compile has them) have no storage: listing live tensors
     while one exists must not raise (it once ended H200 workers after their first group)."""

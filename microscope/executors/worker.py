@@ -242,15 +242,18 @@ def leak_suspects(grown: int, device_type: str, first: dict[int, int], shown: in
 
 
 def _tensors_on(device_type: str) -> list[tuple[Any, int]]:
-    """(tensor, storage bytes) of every tensor on ``device_type`` with a storage (vmap's batched tensors
-    and other wrappers have none and are skipped)."""
+    """(tensor, storage bytes) of every tensor whose storage is on ``device_type`` (vmap's batched tensors
+    and other wrappers have none and are skipped; torch.compile's fake tensors say cuda but keep a meta
+    storage, which holds no memory)."""
     import torch
 
     out = []
     for obj in gc.get_objects():
         try:
             if issubclass(type(obj), torch.Tensor) and obj.device.type == device_type:
-                out.append((obj, obj.untyped_storage().nbytes()))
+                storage = obj.untyped_storage()
+                if storage.device.type == device_type:
+                    out.append((obj, storage.nbytes()))
         except Exception:  # noqa: BLE001 - a half-built object or a storage-less tensor subclass
             continue
     return out
