@@ -294,6 +294,11 @@ class Arm:
     ``CALIBRATION_BATCHES`` batches of training-split token ids (B, T) on the run's device, never
     evaluation text: the place for a post-training step that needs the trained model's activations
     (GPTQ's Hessians, activation ranges), which a ``patch`` on the untrained model cannot see.
+
+    ``distill=w`` (0 < w <= 1) trains the arm against the baseline's trained model of the same seed as a
+    frozen teacher: the loss is ``(1 - w) * cross entropy + w * T^2 * KL(teacher || student)`` at
+    temperature ``distill_temperature`` (Hinton et al.). The baseline trains first; the arm's recorded
+    training loss stays the cross entropy, comparable with the other arms'.
     """
 
     role: Role = Role.CANDIDATE
@@ -307,6 +312,8 @@ class Arm:
     calibrate: Callable[[Any, Sequence[torch.Tensor]], None] | None = None
     ranks: int = 1
     strategy: Callable[[Any, Any], Any] | None = None
+    distill: float = 0.0
+    distill_temperature: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
@@ -314,6 +321,12 @@ class Arm:
         if self.ranks > 1 and (self.strategy is None or self.inference_only):
             raise ValueError("Arm(ranks>1) trains on several processes: it needs strategy=... (e.g. DDP) and "
                              "cannot be inference_only")
+        if not 0.0 <= self.distill <= 1.0 or not self.distill_temperature > 0:
+            raise ValueError(f"Arm(distill={self.distill!r}, distill_temperature={self.distill_temperature!r}): "
+                             "the teacher's share of the loss lies in [0, 1] and the temperature is > 0")
+        if self.distill and (self.role is Role.BASELINE or self.inference_only or self.ranks > 1):
+            raise ValueError("Arm(distill=...) learns from the baseline's trained model: a single-process arm "
+                             "that trains, not the baseline itself")
         if self.calibrate is not None and not self.inference_only:
             raise ValueError("Arm(calibrate=...) needs inference_only=True: calibration runs on the baseline's "
                              "trained weights, which only an inference-only arm loads")

@@ -156,7 +156,7 @@ class ModelRunner(RunBase):
         k = int(group.key.split()[1])
         seeds = TrialSeeds.of(self.config.seed, k)
         plan = self.plan(first_seed=k == 0)
-        baseline = BaselineRef(keep_weights=any(arm.inference_only for _, arm in active))
+        baseline = BaselineRef(keep_weights=any(arm.inference_only or arm.distill for _, arm in active))
         for name, arm in active:
             self.mark(name)
             self.on_progress(f"seed {k + 1}/{self.config.workload.seeds}: {name}")

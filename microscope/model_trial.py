@@ -11,6 +11,7 @@ running on a broken model.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import gc
@@ -49,6 +50,7 @@ from microscope.workloads import (
     future_leak,
     train,
 )
+from microscope.workloads.train import Distillation
 
 __all__ = ["BaselineRef", "Trial", "build_patched"]
 
@@ -69,7 +71,8 @@ Emit = Callable[[Measurement, "str | None"], None]
 class BaselineRef:
     """What the candidates of one seed need from that seed's baseline run.
 
-    ``keep_weights``: store the baseline's trained weights (``trained``) for ``inference_only`` arms.
+    ``keep_weights``: store the baseline's trained weights (``trained``) for ``inference_only`` arms, and
+    a frozen copy of its trained model (``teacher``) for arms that distill from it.
     """
 
     final_loss: float | None = None
@@ -78,6 +81,7 @@ class BaselineRef:
     greedy_tokens: torch.Tensor | None = None
     keep_weights: bool = False
     trained: dict[str, torch.Tensor] | None = None
+    teacher: torch.nn.Module | None = None
 
 
 @dataclass
@@ -183,7 +187,8 @@ class Trial:
         if self.arm.ranks > 1:
             self.result = result = self._train_on_ranks(ranked)
         else:
-            self.result = result = train(self.model, self._batches(), recipe, self.device)
+            self.result = result = train(self.model, self._batches(), recipe, self.device,
+                                         distill=self._distillation())
             for dimension, metric in RANK_METRICS:
                 if (dimension, metric) in self.plan["train"]:
                     self.emit(Measurement(dimension, metric, None, reason="single process: no ranks",
@@ -194,6 +199,7 @@ class Trial:
             self.baseline.final_loss = own
             if self.baseline.keep_weights and diverged is None:
                 self.baseline.trained = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                self.baseline.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
         amp_row = ("stability", "loss_scale_changes") in self.plan["train"]
         measured = stability(result, self.baseline.final_loss, recipe.warmup, amp_row)
         measured[0].details.update(model_config=self.setup.model.to_dict(), recipe=dataclasses.asdict(recipe),
@@ -203,6 +209,17 @@ class Trial:
         if diverged is not None:
             self.dead = f"not measured: training diverged (the loss is non-finite from step {diverged})"
         return measured
+
+    def _distillation(self) -> Distillation | None:
+        """The baseline's trained model of this seed as the teacher, for an arm with ``distill``."""
+        if not self.arm.distill:
+            return None
+        if self.baseline.teacher is None:
+            raise RuntimeError("distillation arm: this seed's baseline left no trained model to learn from "
+                               "(its training failed or diverged)")
+        self.common["distilled_from"] = (f"the baseline's trained model of this seed, weight {self.arm.distill:g}, "
+                                         f"temperature {self.arm.distill_temperature:g}")
+        return Distillation(self.baseline.teacher, self.arm.distill, self.arm.distill_temperature)
 
     def _train_on_ranks(self, ranked: list[Measurement]) -> TrainResult:
         """Train on ``arm.ranks`` processes; the trained weights come back into ``self.model``, the per-rank

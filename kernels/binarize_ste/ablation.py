@@ -107,6 +107,9 @@ class BinarizeSTE(Ablation):
         "float": Arm(Role.BASELINE, "the embedded model with float weights"),
         "binary_qat": Arm(description="every Linear but the head trained through alpha * sign(W) (STE)",
                           patch=train_binarized),
+        "binary_qat_kd": Arm(description="binary_qat learning from the float model's trained outputs too "
+                                         "(distillation: half the loss, temperature 2)",
+                             patch=train_binarized, distill=0.5, distill_temperature=2.0),
         "binary_ptq": Arm(Role.PEER, "the float model's trained weights binarized after training (Triton)",
                           patch=binarize_after_training, needs=("triton",), inference_only=True),
     }

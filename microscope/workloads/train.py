@@ -31,7 +31,8 @@ from torch import nn
 
 from microscope.workloads.stability import layer_groups, loss_spikes
 
-__all__ = ["Batches", "StepMetrics", "TrainRecipe", "TrainResult", "Trainer", "lm_loss", "lr_at", "train"]
+__all__ = ["Batches", "Distillation", "StepMetrics", "TrainRecipe", "TrainResult", "Trainer", "distillation_loss",
+           "lm_loss", "lr_at", "train"]
 
 #: ``batches(step) -> (x, y)``: input and target token ids (B, S); targets of -100 are ignored.
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -99,6 +100,28 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """Knowledge distillation (Hinton et al.): the training loss becomes ``(1 - weight) * lm_loss + weight *
+    distillation_loss`` against a frozen ``teacher``'s logits at ``temperature``."""
+
+    teacher: nn.Module
+    weight: float = 0.5
+    temperature: float = 2.0
+
+
+def distillation_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """``T^2 * KL(teacher || student)`` of the distributions softened by ``T``, in float32, averaged over the
+    positions that have a target (the same positions as ``lm_loss``); ``T^2`` keeps the gradient's scale
+    independent of ``T``."""
+    keep = targets.flatten() != IGNORE_INDEX
+    student = F.log_softmax(logits.float().flatten(0, -2)[keep] / temperature, dim=-1)
+    teacher = F.log_softmax(teacher_logits.float().flatten(0, -2)[keep] / temperature, dim=-1)
+    kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+    return kl * temperature**2
+
+
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     params = [p for p in model.parameters() if p.requires_grad]
     return [
@@ -144,7 +167,8 @@ class Trainer:
     """One model, its optimizer and (fp16) grad scaler; ``step(step, x, y)`` trains on one batch.
 
     ``instrument=False`` skips the per-layer statistics and the parameter snapshot they need (used
-    when measuring the peak memory of a bare train step).
+    when measuring the peak memory of a bare train step). ``distill`` adds a frozen teacher's soft targets
+    to the loss (its forward is inside the timed step: it is part of what distillation costs).
     """
 
     def __init__(
@@ -153,8 +177,12 @@ class Trainer:
         recipe: TrainRecipe,
         device: torch.device | str | None = None,
         instrument: bool = True,
+        distill: Distillation | None = None,
     ) -> None:
         self.model = model
+        self.distill = distill
+        if distill is not None:
+            distill.teacher.eval().requires_grad_(False)
         self.recipe = recipe
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.instrument = instrument
@@ -196,7 +224,13 @@ class Trainer:
             self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
         ):
             logits = model(x)
-        loss = lm_loss(logits, y)
+            if self.distill is not None:
+                with torch.no_grad():
+                    teacher_logits = self.distill.teacher(x)
+        label_loss = loss = lm_loss(logits, y)
+        if self.distill is not None:  # trained on the mix, recorded as the label loss (comparable across arms)
+            soft = distillation_loss(logits, teacher_logits, y, self.distill.temperature)
+            loss = (1.0 - self.distill.weight) * label_loss + self.distill.weight * soft
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(opt)
@@ -236,7 +270,7 @@ class Trainer:
             update_ratio = float(delta_total / base_total)
             layer_update = (delta_group / base_group).tolist()
         return StepMetrics(
-            loss=float(loss.detach()),
+            loss=float(label_loss.detach()),
             lr=lr,
             grad_norm=grad_norm,
             layer_grad_norm=layer_grad,
@@ -323,13 +357,16 @@ def train(
     recipe: TrainRecipe,
     device: torch.device | str | None = None,
     on_step: Callable[[int, StepMetrics], None] | None = None,
+    distill: Distillation | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``recipe.steps`` steps on ``batches(step)``; return the per-step record.
 
     ``on_step(step, metrics)`` is called after every step (e.g. to stream to TensorBoard). The
     caller's global random state is left untouched: the loop forks it and seeds ``recipe.seed``.
+    ``distill``: learn from a teacher's soft targets too (``Distillation``); the recorded loss stays the label
+    loss, so it compares with arms trained without a teacher.
     """
-    trainer = Trainer(model, recipe, device)
+    trainer = Trainer(model, recipe, device, distill=distill)
     dev = trainer.device
     rng_devices = (
         [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []

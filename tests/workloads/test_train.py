@@ -106,3 +106,55 @@ def test_loss_spike_rule():
     # median of the 5 before step 6 is 2.0, MAD 0.05 -> threshold 2.15: 3.5 spikes, 2.0 does not
     assert spikes.tolist() == [False] * 6 + [True, False, True, False]
     assert not loss_spikes(losses[:5], window=5).any()
+
+
+def test_distillation_loss_is_zero_against_itself_and_grows_with_disagreement():
+    from microscope.workloads.train import distillation_loss
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=gen)
+    targets = torch.randint(0, 11, (2, 5), generator=gen)
+    assert distillation_loss(logits, logits, targets, 2.0).item() == pytest.approx(0.0, abs=1e-6)
+    near, far = logits + 0.1 * torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen)
+    assert 0 < distillation_loss(near, logits, targets, 2.0) < distillation_loss(far, logits, targets, 2.0)
+    targets[:, 2:] = -100  # ignored positions do not count, as in lm_loss
+    masked = distillation_loss(far, logits, targets, 2.0)
+    by_hand = distillation_loss(far[:, :2], logits[:, :2], targets[:, :2], 2.0)
+    assert masked.item() == pytest.approx(by_hand.item(), rel=1e-6)
+
+
+def test_a_student_distilled_alone_moves_toward_its_teacher_and_records_the_label_loss(corpus, tiny_cfg):
+    """weight 1: the student learns only the teacher's soft targets, so its KL to the teacher falls;
+    the per-step loss it records stays the cross entropy on the labels."""
+    from microscope.workloads.train import Distillation, distillation_loss, lm_loss
+
+    teacher, _ = _run(corpus, tiny_cfg, TrainRecipe(steps=8, batch_size=4))
+    student = build_model(tiny_cfg, 1)
+    batches = WindowSampler(corpus.train, tiny_cfg.context, 4, seed=3)
+    x, y = batches(0)
+
+    def kl() -> float:
+        with torch.no_grad():
+            return float(distillation_loss(student(x), teacher(x), y, 2.0))
+
+    before = kl()
+    result = train(student, WindowSampler(corpus.train, tiny_cfg.context, 4, seed=0),
+                   TrainRecipe(steps=8, batch_size=4), distill=Distillation(teacher, weight=1.0))
+    assert kl() < 0.5 * before
+    assert not any(p.requires_grad for p in teacher.parameters())
+    xs, ys = WindowSampler(corpus.train, tiny_cfg.context, 4, seed=0)(7)
+    with torch.no_grad():
+        assert result.loss[-1] > 0 and math.isfinite(result.loss[-1])
+        assert float(lm_loss(student(xs), ys)) == pytest.approx(result.loss[-1], rel=0.5)
+
+
+def test_a_distilling_arm_is_a_training_candidate_with_a_share_in_0_1():
+    from microscope.api import Arm, Role
+
+    assert Arm(distill=0.5).distill == 0.5
+    for bad, message in (({"role": Role.BASELINE, "distill": 0.5}, "not the baseline itself"),
+                         ({"distill": 0.5, "inference_only": True}, "not the baseline itself"),
+                         ({"distill": 1.5}, "lies in \\[0, 1\\]"),
+                         ({"distill": 0.5, "distill_temperature": 0.0}, "temperature is > 0")):
+        with pytest.raises(ValueError, match=message):
+            Arm(**bad)
