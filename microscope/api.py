@@ -16,8 +16,7 @@ and a ``bench`` profile of benchmark shapes); an outside plugin is any ``.py`` f
 config's ``plugins:``. Model-level plugins swap parts of the embedded workload through the types
 re-exported here (``Transformer``, ``EagerAttention``, ``KVCache``, ``NormGelu``, ``ConvertedLinear``
 for a quantized Linear that ``Transformer.swap_linears`` puts in, ``MoE``/``use_moe`` for mixture-of-experts
-MLPs); nothing else of
-``microscope`` is part of the contract.
+MLPs); nothing else of ``microscope`` is part of the contract.
 
 Minimal example (see ``kernels/flash_attn/ablation.py`` for a full one)::
 
