@@ -235,6 +235,26 @@ def test_a_leak_note_names_the_new_tensors_and_what_holds_them() -> None:
     assert note.startswith("4 MiB in ") and "2 MiB held by no Python tensor" in note
 
 
+def test_a_leak_note_finds_a_holder_the_worker_froze() -> None:
+    """The worker freezes the collector's view of its imports (gc.freeze); a module-level cache made then
+    must still be named as the holder of a tensor it keeps later."""
+    import gc
+
+    import torch
+
+    from microscope.executors.worker import leak_suspects, live_tensors
+
+    cache = _PlanCache()
+    gc.freeze()
+    try:
+        first = live_tensors("cpu")
+        cache.table = torch.zeros(512, 1024)  # 2 MiB, kept by the frozen object
+        assert "(512, 1024) float32 2.0 MiB held by a _PlanCache" in leak_suspects(2 * 2**20, "cpu", first)
+        assert gc.get_freeze_count() > 0  # frozen again after the listing
+    finally:
+        gc.unfreeze()
+
+
 def test_the_leak_listing_leaves_out_fake_tensors() -> None:
     """torch.compile keeps FakeTensors of its example inputs (dynamo's TrackedFake): they report the input's
     device and size but hold no memory, so a note blaming them (paged_attention's "1024 MiB held by a
