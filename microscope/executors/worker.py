@@ -155,6 +155,7 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str) -> None:
             break
     runner.close()
     conn.close()
+    gc.unfreeze()  # the interpreter's shutdown frees them (nanobind reports objects it never saw freed)
 
 
 def _gpu_free(device: str) -> int | None:
