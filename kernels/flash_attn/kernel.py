@@ -791,6 +791,11 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
                   for cfg in _to_compile(tuner, args, kwargs)]
     index, count = shard
     failures = []
+    if backward and index == 0:  # the backward's small pre-pass (one binary per head dim and dtype)
+        try:
+            _attn_bwd_delta.warmup(o, o, lse, sq, HEAD_DIM=q.shape[-1], BLOCK_M=128, grid=(1,))
+        except Exception as exc:  # noqa: BLE001 - reported like a candidate; the call compiles it instead
+            failures.append(("_attn_bwd_delta", "BLOCK_M=128", f"{type(exc).__name__}: {str(exc)[:300]}"))
     for tuner, args, kwargs, grid, cfg in candidates[index::count]:
         try:
             tuner.fn.warmup(*args, grid=(1,), **kwargs, **cfg.all_kwargs())
