@@ -43,9 +43,9 @@ step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # shellcheck disable=SC2086
 step gpu_tests "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
 # the wall-time target: the full flash_attn cuda profile (every variant, 8 cases) in <= 60 s
-# (FLASH_S: its step limit, 90 s)
+# (FLASH_S: its step limit, 150 s, so that the whole run is timed even where it misses the target)
 if [ "${FLASH_CUDA:-1}" = 1 ]; then
-  step flash_attn-cuda "${FLASH_S:-90}" python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
+  step flash_attn-cuda "${FLASH_S:-150}" python3 -m microscope.cli run ablations/flash_attn.yaml --device cuda \
     --out "$WORK/runs" --no-report --no-progress
 fi
 # ROOM_S: each room's step limit (90 s, the budget; more to see how long a room takes)
