@@ -70,6 +70,24 @@ def git_branch() -> str:
     return next((os.environ[v] for v in BRANCH_VARIABLES if os.environ.get(v)), "unknown")
 
 
+#: numpy's SIMD dispatch targets, best first: the first this CPU supports is the path numpy's math takes.
+_NUMPY_TARGETS = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX", "AVX512F", "AVX2", "FMA3",
+                  "AVX", "SSE42", "SVE", "ASIMDHP", "ASIMD", "NEON", "VSX4", "VSX3", "VSX2", "VX")
+
+
+@cache
+def numpy_simd() -> str:
+    """The best SIMD target numpy dispatches to here (it computes the Triton interpreter's math), or ``""``."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__ as features
+        except ImportError:
+            return ""
+    return next((t for t in _NUMPY_TARGETS if features.get(t)), "baseline")
+
+
 @cache
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
@@ -150,5 +168,6 @@ def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
     env["cpu_model"] = cpu_model()  # launch-bound kernels time the host too
     # the SIMD level torch's CPU kernels dispatch to: it changes the last bits of CPU results
     env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    env["numpy_simd"] = numpy_simd()  # and numpy's, which the Triton interpreter computes with
     env["platform"] = f"{sys.platform}-{platform.machine()}"
     return env

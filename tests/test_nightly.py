@@ -65,8 +65,13 @@ def test_a_run_appends_itself_to_the_history_and_reports_its_trends(night):
 
 
 def test_the_quick_cpu_suite_reproduces_its_exact_baseline(night):
+    """Bit-exact on a machine class the baseline file holds values for (torch's and numpy's SIMD levels
+    change the last bits); on another class the gate exits 2 and says so, which is its contract."""
     tmp, _, suite = night
     out = _words(suite)
+    if suite.returncode == 2 and "holds values for" in out and "cannot be checked" in out:
+        pytest.skip("no exact values for this machine class in results/baselines/nightly_cpu.json: "
+                    + out[out.index("holds values for"):][:300])
     assert suite.returncode == 0, out
     assert "regress: clean (exit 0)" in out and "bit-exact" in out
     report = (tmp / "suite" / "regress.md").read_text()

@@ -9,7 +9,7 @@ to (``{"device": "cpu", "cpu_capability": "AVX2"}``). Timing metrics are never s
 statistically.
 
 A CPU's SIMD level changes the last bits of a kernel run through the Triton interpreter (numpy's exp and
-sums) and of torch's CPU kernels, so a CPU class names the level torch dispatches to. One file holds one
+sums) and of torch's CPU kernels, so a CPU class names the levels torch and numpy dispatch to. One file holds one
 set of values per class (``baseline save`` adds or replaces this machine's); a check uses the class of
 the machine its runs came from, and says so when the file has none for it.
 
@@ -37,7 +37,7 @@ __all__ = ["EXACT_DIMENSIONS", "BaselineError", "BaselineFile", "number", "Exact
 
 FORMAT, VERSION = "microscope-exact-baseline", 2
 #: The keys of a machine class besides ``device``, per device; each is read from the runs' recorded environment.
-CLASS_KEYS = {"cpu": ("cpu_capability",)}
+CLASS_KEYS = {"cpu": ("cpu_capability", "numpy_simd")}
 #: Dimensions whose metrics may be exact on a CPU; throughput (time and rates) never is.
 EXACT_DIMENSIONS = ("accuracy", "memory", "stability", "generalization")
 NUMERICS_RTOL, MODEL_RTOL = 1e-9, 1e-5
@@ -88,7 +88,8 @@ class ExactMetric:
 
 
 def machine_class(device: str, env: dict[str, Any]) -> dict[str, str]:
-    """The class a run's values hold on: its device and, on a CPU, the SIMD level where recorded."""
+    """The class a run's values hold on: its device and, on a CPU, torch's and numpy's SIMD levels where
+    recorded."""
     found = {"device": device}
     for key in CLASS_KEYS.get(device, ()):
         if env.get(key) not in (None, ""):
