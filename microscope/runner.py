@@ -252,10 +252,13 @@ class Runner(RunBase):
 
     def run(self, executor: Executor | None = None, *, resume: Resume | None = None,
             max_wall_s: float | None = None) -> RunResult:
-        """Compile the plugin's GPU kernels for every case in parallel first (``Ablation.precompile``)."""
+        """Compile the plugin's GPU kernels for every case in parallel first (``Ablation.precompile``), while
+        an executor that can (``prestart``) starts its first worker."""
         if self.device == "cuda" and not self.interpreted:
-            from microscope.precompile import precompile
+            from microscope.precompile import defines_precompile, precompile
 
+            if defines_precompile(self.plugin) and hasattr(executor, "prestart"):
+                executor.prestart()  # type: ignore[union-attr]
             dims = self.config.dimensions
             backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
             report = precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)

@@ -286,3 +286,23 @@ def test_the_leak_listing_skips_tensors_without_a_storage() -> None:
 
     out = torch.func.vmap(body)(torch.ones(3, 2))
     assert out.shape == (3, 2) and seen and all(n >= 0 for n in seen[0].values())
+
+
+def test_a_prestarted_worker_imports_while_the_run_prepares_and_serves_the_first_group(tmp_path: Path) -> None:
+    """``prestart`` (called before a GPU run's precompile step) starts the first worker; it reports ready
+    while idle, the first group goes to it rather than to a second process, and ``close`` ends it."""
+    from microscope.executors.local import LocalExecutor
+    from microscope.executors.worker import RunSpec
+
+    cfg = _toy_config(tmp_path, "[9]")
+    spec = RunSpec(config_path=str(cfg), device="cpu", quick=True, overrides={}, run_id="early",
+                   out_root=str(tmp_path), env={}, cwd=str(tmp_path), threads=1)
+    executor = LocalExecutor(None, spec)  # type: ignore[arg-type] - the runner is only read by run()
+    executor.prestart()
+    executor.prestart()  # once: a second call starts nothing
+    (worker,) = executor.idle
+    assert worker.conn.poll(120) and worker.conn.recv() == ("ready",)
+    assert executor._worker() is worker and executor._started == 1
+    executor.idle.append(worker)
+    executor.close()
+    assert worker.proc.exitcode == 0 and not executor.idle

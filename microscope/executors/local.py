@@ -144,6 +144,12 @@ class LocalExecutor:
         self._started += 1
         return worker
 
+    def prestart(self) -> None:
+        """Start the first worker now: its imports (torch, Triton, the plugin: seconds) then overlap a
+        precompile step, and it waits idle for its first group."""
+        if not self.idle and not self._started:
+            self.idle.append(self._worker())
+
     def run(self, groups: Sequence[Group], driver: Driver) -> set[str]:
         queue: deque[Attempt] = deque(Attempt(g) for g in groups)
         busy: list[Worker] = []
