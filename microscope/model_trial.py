@@ -199,7 +199,7 @@ class Trial:
             self.baseline.final_loss = own
             if self.baseline.keep_weights and diverged is None:
                 self.baseline.trained = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-                self.baseline.teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
+                self.baseline.teacher = copy.deepcopy(self.model)  # the Trainer freezes it
         amp_row = ("stability", "loss_scale_changes") in self.plan["train"]
         measured = stability(result, self.baseline.final_loss, recipe.warmup, amp_row)
         measured[0].details.update(model_config=self.setup.model.to_dict(), recipe=dataclasses.asdict(recipe),

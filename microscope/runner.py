@@ -588,10 +588,14 @@ class Runner(RunBase):
         """Where sequential rounds look (``throughput.min_rounds`` > 0), at the run's own alpha and band."""
         if not cfg.min_rounds or cfg.min_rounds >= cfg.rounds:
             return None
-        candidates = sum(v.role is Role.CANDIDATE for _, v in plan_variants(self.plugin, self.config))
-        family = len(plan_cases(self.plugin, self.config)) * max(1, candidates)
         return RoundLooks(cfg.min_rounds, cfg.rounds, cfg.look_every, alpha=self.config.stats.alpha,
-                          min_band=self.config.stats.min_band, family=family)
+                          min_band=self.config.stats.min_band, family=self._gating_tests)
+
+    @functools.cached_property
+    def _gating_tests(self) -> int:
+        """The table's Holm family of latency tests: one per candidate and case."""
+        candidates = sum(v.role is Role.CANDIDATE for _, v in plan_variants(self.plugin, self.config))
+        return len(plan_cases(self.plugin, self.config)) * max(1, candidates)
 
     def _decided_rule(self, case: Case, timed: Sequence[tuple[str, Variant]],
                       looks: RoundLooks) -> Callable[[dict[str, throughput.Timing]], bool]:

@@ -377,6 +377,11 @@ def skipped_headline(skipped: dict[str, list[str]]) -> Headline:
                     {"skipped": len(skipped)})
 
 
+def scaling_efficiency(speedup: float, ranks: int) -> float:
+    """Data-parallel scaling efficiency: the speed-up over one process on the same global batches, per rank."""
+    return speedup / ranks
+
+
 def _rate_headlines(table: pd.DataFrame, plugins: bool, ranks: dict[str, int]) -> list[Headline]:
     """Model-level speed (train/prefill/decode tokens/s): rates with no latency row behind them, so
     no verdict either; the ratios are still what a reviewer looks for first, so say them, untested. An arm
@@ -391,7 +396,7 @@ def _rate_headlines(table: pd.DataFrame, plugins: bool, ranks: dict[str, int]) -
         items = ", ".join(f"{metric} ×{value:.3g}" for metric, value in per_metric.items())
         n = ranks.get(str(cand), 1)
         if n > 1 and str(base) not in ranks and "train_tokens_per_s" in per_metric:
-            items += f"; scaling efficiency {per_metric['train_tokens_per_s'] / n:.0%} on {n} ranks"
+            items += f"; scaling efficiency {scaling_efficiency(per_metric['train_tokens_per_s'], n):.0%} on {n} ranks"
         text = (f"{plugin}: " if plugins else "") + f"{cand} vs {base}: {items} (rates; no statistical test)"
         out.append(Headline("throughput", text, "neutral", {"info": len(rows)}))
     return out

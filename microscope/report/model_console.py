@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
+from microscope.report.headline import scaling_efficiency
 from microscope.store.records import Record
 
 __all__ = ["model_summary_table"]
@@ -37,11 +38,6 @@ _COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("spikes", "loss_spikes", ".1f", 1.0),
     ("NaN/Inf steps", "nonfinite_steps", ".1f", 1.0),
 )
-
-
-def scaling_efficiency(tokens_per_s: float, single_tokens_per_s: float, ranks: int) -> float:
-    """Data-parallel scaling efficiency: the speed-up over one process on the same global batch, per rank."""
-    return tokens_per_s / single_tokens_per_s / ranks
 
 
 def model_summary_table(records: Iterable[Record], title: str = "") -> Table:
@@ -90,7 +86,8 @@ def model_summary_table(records: Iterable[Record], title: str = "") -> Table:
             cells.append(format(statistics.fmean(got) * scale, spec) if got else "-")
         if efficiency:
             speed = values[arm].get("train_tokens_per_s")
-            cells.append(f"{scaling_efficiency(statistics.fmean(speed), single, ranks[arm]):.0%} ({ranks[arm]} ranks)"
+            speedup = statistics.fmean(speed) / single
+            cells.append(f"{scaling_efficiency(speedup, ranks[arm]):.0%} ({ranks[arm]} ranks)"
                          if speed and ranks.get(arm, 1) > 1 else "-")
         notes = "; ".join(problems[arm])
         table.add_row(arm, roles[arm], str(len(seeds[arm])), *cells, notes[:240])

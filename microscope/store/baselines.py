@@ -131,14 +131,6 @@ class ExactBaseline:
         self.path = path
         return path
 
-    @classmethod
-    def load(cls, path: Path | str) -> ExactBaseline:
-        """The file's only class (tests and one-class files); ``BaselineFile.load`` reads every class."""
-        held = BaselineFile.load(path)
-        if len(held.classes) != 1:
-            raise BaselineError(f"{path}: holds {len(held.classes)} machine classes; pick one with BaselineFile")
-        return held.classes[0]
-
 
 @dataclass
 class BaselineFile:
