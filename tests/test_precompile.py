@@ -78,7 +78,7 @@ def test_a_gpu_run_pins_tritons_cache_folder_for_every_process_it_starts(monkeyp
 
 
 def test_each_cases_shard_0_runs_in_its_own_process_and_every_shard_runs_once():
-    """Once-per-case work (a torch.compile warm-up, ~20 s) sits under shard 0; turning the numbering by the
+    """Once-per-case work (a torch.compile warm-up) sits under shard 0; turning the numbering by the
     case spreads it over the processes instead of stacking cases that hash alike in one."""
     from microscope.precompile import case_shard
 
