@@ -1,5 +1,5 @@
 """``python -m microscope ...``: the same command line as the ``microscope`` script."""
 
-from microscope.cli import main
+from microscope.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

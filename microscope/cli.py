@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from microscope import __version__, baseline_command, calibrate, history_command, regress
+from microscope import __version__, baseline_command, bytecode_cache, calibrate, history_command, regress
 
 EXIT_CODES = """exit codes:
   0  every gated comparison holds (the config's gate: section; skipped peers are fine)
@@ -168,5 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     return commands.EXIT_OK
 
 
+def console_main() -> int:
+    """The ``microscope`` command: a process of its own, so it may set up what every process of its run
+    shares (one bytecode folder, before torch is imported), then ``main``."""
+    bytecode_cache.use_shared_cache()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())
