@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 __all__ = [
     "PEERS",
@@ -40,6 +39,9 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def _sdpa(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
           sm_scale: float | None) -> torch.Tensor:
+    # imported on first use: it imports torch.compile's stack (seconds), which planning a run does not need
+    from torch.nn.attention.bias import causal_lower_right
+
     with warnings.catch_warnings():
         # "will produce NaNs when seq_len_q > seq_len_kv" holds for the fused backends only, and their
         # ``supports`` already reports that case; the math backend returns zeros there.
