@@ -71,6 +71,7 @@ __all__ = [
     "Transformer",
     "Variant",
     "baseline",
+    "call_as_timed",
     "candidate",
     "error_budget",
     "grid",
@@ -344,7 +345,7 @@ class Figure:
 #: Batches of training tokens an inference-only arm's ``calibrate`` receives.
 CALIBRATION_BATCHES = 8
 #: Above this many elements a GPU input is drawn on the GPU (see ``randn``).
-DEVICE_DRAW_ELEMENTS = 1 << 24
+DEVICE_DRAW_ELEMENTS = 1 << 20
 
 
 def randn(
@@ -358,9 +359,9 @@ def randn(
 
     Drawing on the CPU makes the inputs identical on every device, so a GPU run and a CPU run of the
     same seed see the same numbers. A GPU tensor of more than ``DEVICE_DRAW_ELEMENTS`` elements (a
-    benchmark shape: drawing 2^29 normals on one CPU thread takes seconds, for every input set) is drawn
-    on the GPU instead, from a generator seeded by the CPU generator: the same numbers on every run and
-    GPU of the seed, not the CPU's.
+    benchmark shape: the H200 host's CPU draws about 2^23 normals in 50 ms, for every tensor of every input
+    set) is drawn on the GPU instead, from a generator seeded by the CPU generator: the same numbers on
+    every run and GPU of the seed, not the CPU's.
     """
     size = math.prod(shape)
     if size > DEVICE_DRAW_ELEMENTS and torch.device(device).type == "cuda":
@@ -368,6 +369,22 @@ def randn(
         on_device = torch.Generator(device=device).manual_seed(seed)
         return (torch.randn(tuple(shape), generator=on_device, device=device, dtype=torch.float32) * scale).to(dtype)
     return (torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+def call_as_timed(fn: Callable[..., Any], inputs: Mapping[str, Any], grad_inputs: Sequence[str] = ()) -> Any:
+    """One call of ``fn`` the way the harness calls a variant: forward only under ``torch.no_grad()`` (every
+    forward-only check and timed call), or, with ``grad_inputs``, those inputs requiring gradients and a
+    backward through every output. torch.compile keeps one graph per way (grad mode is in its guards), so
+    a ``precompile`` that warms a compiled peer calls it once per way the run uses."""
+    if not grad_inputs:
+        with torch.no_grad():
+            return fn(**inputs)
+    args = {k: (v.detach().requires_grad_(True) if k in grad_inputs else v) for k, v in inputs.items()}
+    out = fn(**args)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    return out
 
 
 class Ablation:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, call_as_timed, candidate, grid, peer, randn, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
 from .kernel import precompile as compile_candidates
@@ -43,17 +43,15 @@ def _triton_supports(case: Case, device: str) -> str | None:
 
 
 def _warm_compiled_peer(case: Case, device: str, backward: bool) -> None:
-    """One call of the torch.compile'd flex_attention peer at the case's shapes, so its compiled kernels
-    are in the inductor cache on disk before the run's first call (a cache hit there still traces)."""
+    """One call of the torch.compile'd flex_attention peer at the case's shapes, forward only or with its
+    backward, so that graph's kernels are in the inductor cache on disk before the run's first call (a
+    cache hit there still traces)."""
     flex = PEERS["flex"]
     q_shape, k_shape = _shapes(case)
     if flex.supports(q_shape, k_shape, case.dtype, device, case["causal"]) is not None:
         return
-    q, k, v = (torch.zeros(s, device=device, dtype=case.dtype, requires_grad=backward)
-               for s in (q_shape, k_shape, k_shape))
-    out = flex.fn(q, k, v, case["causal"])
-    if backward:
-        out.sum().backward()
+    q, k, v = (torch.zeros(s, device=device, dtype=case.dtype) for s in (q_shape, k_shape, k_shape))
+    call_as_timed(flex.fn, {"q": q, "k": k, "v": v, "causal": case["causal"]}, ("q", "k", "v") if backward else ())
     torch.cuda.synchronize()
 
 
@@ -110,8 +108,11 @@ class FlashAttention(Ablation):
         (_, _, sq, d), (_, _, sk, _) = _shapes(case)
         q = torch.zeros((1, 1, sq, d), device=device, dtype=case.dtype)
         k = torch.zeros((1, 1, sk, d), device=device, dtype=case.dtype)
-        if shard[0] == 0:
-            _warm_compiled_peer(case, device, backward)  # one process per case: torch.compile's own cache
+        # torch.compile's own cache: the graph with gradients and the forward-only one, in two processes
+        if backward and shard[0] == 0:
+            _warm_compiled_peer(case, device, backward=True)
+        if shard[0] == shard[1] // 2:
+            _warm_compiled_peer(case, device, backward=False)
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(q, k, case["causal"], backward=backward, shard=after)
         if failed:

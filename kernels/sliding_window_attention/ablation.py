@@ -18,7 +18,7 @@ import functools
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
+from microscope.api import Ablation, Arm, Case, Role, baseline, call_as_timed, candidate, grid, peer, randn, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, sliding_window_attention
 from .kernel import precompile as compile_candidates
@@ -78,17 +78,18 @@ def _visible_pairs(seq: int, window: int, globals: int, block: int, random_block
 
 
 def _warm_flex(case: Case, spec: MaskSpec, device: str, backward: bool) -> None:
-    """One call of the compiled flex_attention peer at the case's shapes, so that its kernels are in the
-    inductor cache on disk before the run's first call (a cache hit there still traces)."""
+    """One call of the compiled flex_attention peer at the case's shapes, forward only or with its backward,
+    so that graph's kernels are in the inductor cache on disk before the run's first call (a cache hit
+    there still traces)."""
     flex = PEERS["flex"]
     if flex.supports(case["head_dim"], case.dtype, device, _may_have_empty_rows(case)) is not None:
         return
-    shape = (1, 1, case["seq"], case["head_dim"])
-    q, k, v = (torch.zeros(shape, device=device, dtype=case.dtype, requires_grad=backward) for _ in range(3))
+    shape = (case["batch"], case["heads"], case["seq"], case["head_dim"])  # static shapes: the case's own
+    q, k, v = (torch.zeros(shape, device=device, dtype=case.dtype) for _ in range(3))
     pattern = _pattern(case, spec, torch.Generator().manual_seed(0), device)
-    out = flex.fn(q, k, v, pattern, spec.window, spec.globals, spec.block, spec.causal)
-    if backward:
-        out.sum().backward()
+    inputs = {"q": q, "k": k, "v": v, "pattern": pattern, "window": spec.window, "globals": spec.globals,
+              "block": spec.block, "causal": spec.causal}
+    call_as_timed(flex.fn, inputs, ("q", "k", "v") if backward else ())
     torch.cuda.synchronize()
 
 
@@ -143,8 +144,11 @@ class SlidingWindowAttention(Ablation):
         if device != "cuda" or _triton_supports(case, device):
             return
         spec = _spec(case)
-        if shard[0] == 0:
-            _warm_flex(case, spec, device, backward)  # one process per case: torch.compile's own cache
+        # torch.compile's own cache: the graph with gradients and the forward-only one, in two processes
+        if backward and shard[0] == 0:
+            _warm_flex(case, spec, device, backward=True)
+        if shard[0] == shard[1] // 2:
+            _warm_flex(case, spec, device, backward=False)
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(case.dtype, case["head_dim"], spec.block, case["random_blocks"] > 0, spec.causal,
                                     device, backward=backward, shard=after)

@@ -42,10 +42,13 @@ def evaluate(
     cots: Sequence[torch.Tensor] | None,
 ) -> dict[str, torch.Tensor]:
     """Run ``variant`` once; return its outputs (and gradients, when asked) as named tensors."""
-    x = fresh_inputs(inputs, grad_names if cots is not None and variant.differentiable else ())
-    outs = as_tensors(variant.fn(**x))
+    with_grads = cots is not None and variant.differentiable and bool(grad_names)
+    x = fresh_inputs(inputs, grad_names if with_grads else ())
+    # forward only under no_grad, as its timed calls run: a compiled variant is checked on the graph that is timed
+    with torch.enable_grad() if with_grads else torch.no_grad():
+        outs = as_tensors(variant.fn(**x))
     named = {name: o.detach() for name, o in zip(output_names(outs), outs)}
-    if cots is not None and variant.differentiable and grad_names:
+    if with_grads:
         leaves = [x[n] for n in grad_names]
         grads = torch.autograd.grad(
             outs, leaves, [c.to(device=o.device, dtype=o.dtype) for c, o in zip(cots, outs)], allow_unused=True
