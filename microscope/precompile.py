@@ -25,14 +25,18 @@ TIMEOUT_S = 300.0
 
 @dataclass
 class PrecompileReport:
-    """What the step did: processes, wall time, and each failure as one line."""
+    """What the step did: processes, wall time, the slowest process's start-up (interpreter, imports, plugin)
+    and compiling seconds, and each failure as one line."""
 
     workers: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    slowest: tuple[float, float] | None = None
 
     def summary(self) -> str:
         text = f"precompiled the GPU kernels of every case in {self.workers} processes, {self.seconds:.1f} s"
+        if self.slowest is not None:
+            text += f" (slowest process: {self.slowest[0]:.1f} s start-up, {self.slowest[1]:.1f} s compiling)"
         return text + (f"; {len(self.errors)} problem(s): {self.errors[0]}" if self.errors else "")
 
 
@@ -62,13 +66,17 @@ def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: b
     params = [c.params for c in cases]
     report = PrecompileReport(workers=workers)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
+    started = time.time()  # wall clock: the processes stamp their own progress with it
     pool = context.Pool(workers)
     try:
         jobs = [pool.apply_async(_shard, (plugin.name, source, params, device, (i, workers), backward))
                 for i in range(workers)]
         deadline = time.monotonic() + TIMEOUT_S
         for job in jobs:
-            report.errors.extend(job.get(timeout=max(0.0, deadline - time.monotonic())))
+            errors, loaded, done = job.get(timeout=max(0.0, deadline - time.monotonic()))
+            report.errors.extend(errors)
+            if report.slowest is None or done - started > sum(report.slowest):
+                report.slowest = (loaded - started, done - loaded)
     except multiprocessing.TimeoutError:
         report.errors.append(f"a shard took longer than {TIMEOUT_S:.0f} s; the run compiles the rest itself")
     except Exception as exc:  # noqa: BLE001 - a broken pool must not stop the run
@@ -100,11 +108,13 @@ def case_shard(process: int, count: int, case_index: int) -> tuple[int, int]:
 
 
 def _shard(name: str, source: str | None, cases: list[dict], device: str, shard: tuple[int, int],
-           backward: bool) -> list[str]:
-    """In a pool process: this shard of every case's candidates; returns one line per failure."""
+           backward: bool) -> tuple[list[str], float, float]:
+    """In a pool process: this shard of every case's candidates; returns one line per failure, and the wall
+    clock once the plugin was loaded and once everything compiled."""
     from microscope import registry
 
     plugin = registry.get(name, (source,) if source else ())
+    loaded = time.time()
     errors = []
     for index, params in enumerate(cases):
         case = Case.of(**params)
@@ -112,4 +122,4 @@ def _shard(name: str, source: str | None, cases: list[dict], device: str, shard:
             plugin.precompile(case, device, case_shard(shard[0], shard[1], index), backward)
         except Exception as exc:  # noqa: BLE001 - reported; the run compiles on first use instead
             errors.append(f"{case.id}: {type(exc).__name__}: {str(exc)[:200]}")
-    return errors
+    return errors, loaded, time.time()

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -257,8 +258,12 @@ class Runner(RunBase):
         if self.device == "cuda" and not self.interpreted:
             from microscope.precompile import defines_precompile, precompile
 
-            if defines_precompile(self.plugin) and hasattr(executor, "prestart"):
-                executor.prestart()  # type: ignore[union-attr]
+            if defines_precompile(self.plugin):
+                # every process compiles serially: a run's precompile processes (one per CPU) and its worker
+                # would otherwise each start one compile subprocess per CPU, all importing torch at once
+                os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+                if hasattr(executor, "prestart"):
+                    executor.prestart()  # type: ignore[union-attr]
             dims = self.config.dimensions
             backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
             report = precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)

@@ -52,6 +52,9 @@ def test_every_shard_of_every_case_runs_in_its_own_process_and_failures_are_repo
     assert made == [f"n{n}-shard{i}of2-cuda-bwd" for n in (1, 2) for i in (0, 1)]
     assert len(report.errors) == 2 and all("n=3" in e and "no kernel for n=3" in e for e in report.errors)
     assert "2 processes" in report.summary() and "2 problem(s)" in report.summary()
+    start_up, compiling = report.slowest
+    assert 0 < start_up and 0 <= compiling and start_up + compiling <= report.seconds
+    assert "slowest process" in report.summary()
 
 
 def test_skipped_when_turned_off_or_when_the_plugin_compiles_nothing(probe, monkeypatch):

@@ -50,12 +50,12 @@ class Attempt:
 class Worker:
     """One spawned worker process, its pipe, its shared "running now" marker and its log."""
 
-    def __init__(self, spec: RunSpec, index: int, log_dir: Path, gpu: int | None) -> None:
+    def __init__(self, spec: RunSpec, index: int, log_dir: Path, gpu: int | None, warm: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.marker = ctx.Array("c", 256, lock=False)
         self.log = log_dir / f"worker-{index}.log"
-        self.proc = ctx.Process(target=worker_main, args=(spec, child, self.marker, str(self.log)),
+        self.proc = ctx.Process(target=worker_main, args=(spec, child, self.marker, str(self.log), warm),
                                 name=f"microscope-worker-{index}", daemon=True)
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if gpu is not None:
@@ -135,20 +135,20 @@ class LocalExecutor:
         self.idle: list[Worker] = []
         self._started = 0
 
-    def _worker(self) -> Worker:
+    def _worker(self, warm: bool = False) -> Worker:
         if self.idle:
             return self.idle.pop()
         gpu = self._started % self.gpus if self.gpus > 1 else None
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        worker = Worker(self.spec, self._started, self.log_dir, gpu)
+        worker = Worker(self.spec, self._started, self.log_dir, gpu, warm)
         self._started += 1
         return worker
 
     def prestart(self) -> None:
-        """Start the first worker now: its imports (torch, Triton, the plugin: seconds) then overlap a
-        precompile step, and it waits idle for its first group."""
+        """Start the first worker now: its imports (torch, Triton, the plugin: seconds) and its GPU libraries'
+        first-use costs (``worker.warm_gpu_libraries``) then overlap a precompile step."""
         if not self.idle and not self._started:
-            self.idle.append(self._worker())
+            self.idle.append(self._worker(warm=True))
 
     def run(self, groups: Sequence[Group], driver: Driver) -> set[str]:
         queue: deque[Attempt] = deque(Attempt(g) for g in groups)
