@@ -5,13 +5,14 @@ its time is the weight's bytes over the memory bandwidth; 4-bit weights with a f
 point per group of 32-128 columns are ~0.27x the bytes of bf16. Each program loads a tile of packed
 bytes, splits the low and high nibbles and interleaves them back into column order (``2j``, ``2j + 1``),
 applies its group's ``(q - zero) * scale`` and runs one dot product with a contiguous tile of the
-activations: no dequantized weight is ever written to memory. The tile's K extent divides the group, so
-one scale and zero point per output channel cover it.
+activations: no dequantized weight is ever written to memory. The tile's K extent divides the group (one
+scale and zero point per output channel) or spans whole groups (one per group and channel, broadcast).
 
-Decode shapes have too few output tiles to keep every SM streaming weights, so K is split across
+Decode shapes have few output tiles to keep every SM streaming weights, so K may be split across
 programs that add their partial sums into a float32 buffer (``SPLIT_K``; atomics, so the last bits of
-a sum depend on the order the programs finish). On a GPU the tile sizes, pipeline depth, warps and split
-are autotuned per shape.
+a sum depend on the order the programs finish), at the price of zeroing it and casting it. On a GPU the
+tile sizes, pipeline depth, warps and split are autotuned per shape, and whether to split at all is
+decided by timing both whole calls once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ from microscope_kernels.fp32_dot import mma
 from microscope.api import interpreting
 
 from .reference import Int4Weight
+
+
+@triton.jit
+def _dequant_shift(zero, scale, IEEE: tl.constexpr):
+    """What the dequantization subtracts or adds: float32 weights keep the reference's ``(q - zero) * scale``
+    (the zero point itself); narrower ones, rounded anyway, take ``q * scale + (-zero * scale)``, one
+    multiply-add."""
+    if IEEE:
+        return zero
+    else:
+        return -zero * scale
 
 
 @triton.jit
@@ -46,12 +58,26 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
         packed = tl.load(P + rn[None, :] * stride_pn + (k0 // 2 + j)[:, None], mask=rn[None, :] < N, other=0)
         # (BLOCK_K / 2, BLOCK_N) bytes -> (BLOCK_K, BLOCK_N) values in column order: low nibble first
         q = tl.reshape(tl.permute(tl.join(packed & 0xF, packed >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
-        g = k0 // GROUP
-        scale = tl.load(S + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
-        zero = tl.load(Z + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
+        if BLOCK_K > GROUP:  # several groups per tile: each row of the tile takes its group's scale and zero
+            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            scale = tl.load(S + rn[None, :] * GROUPS + g[:, None], mask=rn[None, :] < N, other=0.0)
+            zero = tl.load(Z + rn[None, :] * GROUPS + g[:, None], mask=rn[None, :] < N, other=0.0)
+            shift = _dequant_shift(zero, scale, IEEE)
+            scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
+                               (BLOCK_K, BLOCK_N))
+            shift = tl.reshape(tl.broadcast_to(shift[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
+                               (BLOCK_K, BLOCK_N))
+        else:
+            g = k0 // GROUP
+            scale = tl.load(S + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
+            zero = tl.load(Z + rn * GROUPS + g, mask=rn < N, other=0.0)[None, :]
+            shift = _dequant_shift(zero, scale, IEEE)
         a = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :],
                     mask=(rm[:, None] < M) & (k0 + rk[None, :] < K), other=0.0)
-        w = ((q.to(tl.float32) - zero) * scale).to(a.dtype)
+        if IEEE:  # the float32 weight the reference computes, bit for bit
+            w = ((q.to(tl.float32) - shift) * scale).to(a.dtype)
+        else:  # rounded to bf16/fp16 anyway: (q - zero) * scale as one multiply-add
+            w = (q.to(tl.float32) * scale + shift).to(a.dtype)
         acc = mma(a, w, acc, INTERPRET, IEEE)
     if HAS_BIAS:
         if pid_k == 0:
@@ -68,9 +94,14 @@ DECODE_ROWS = 64
 
 
 def _configs(decode: bool) -> list[triton.Config]:
-    """The autotuning candidates of one path: tiles, splits of K (decode only), pipeline depth, warps."""
+    """The autotuning candidates of one path: tiles, splits of K (decode only), pipeline depth, warps.
+
+    Decode streams the whole weight for a few rows, so its candidates range over how many bytes each
+    program keeps in flight: narrow column tiles with long K tiles (several groups each) as well as wide
+    ones, and splits of K for more programs."""
     if decode:
-        shapes = [(16, bn, bk, split, 3, 4) for bn in (32, 64, 128) for bk in (32, 64, 128) for split in (1, 2, 4, 8)]
+        shapes = [(16, bn, bk, split, 3, 4) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
+                  for split in (1, 2, 4, 8) if bn * bk <= 128 * 128 and (bk > 32 or split == 1)]
     else:
         shapes = [(128, bn, bk, 1, stages, warps) for bn in (64, 128) for bk in (32, 64) for stages in (3, 4)
                   for warps in (4, 8)]
@@ -83,19 +114,32 @@ def _bench_candidate(kernel_call, quantiles):  # noqa: ANN001, ANN202 - triton's
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
+def fits(block_k: int, group: int, kp: int) -> bool:
+    """Whether a K tile works for a group and padded K: it divides the group (one scale per column) or is a
+    whole number of groups, and the tiles cover K exactly."""
+    return (group % block_k == 0 or block_k % group == 0) and kp % block_k == 0
+
+
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Tiles whose K extent divides the group (every group of ``GROUPS`` has some); splits that leave each
-    program at least two K tiles (a split of 1 always stays)."""
+    """Tiles that fit the group and K (``fits``); splits that leave each program at least two K tiles (a
+    split of 1 always stays)."""
     group, kp = kwargs["GROUP"], named_args["KP"]
-    return [c for c in configs if group % c.kwargs["BLOCK_K"] == 0
+    return [c for c in configs if fits(c.kwargs["BLOCK_K"], group, kp)
             and (c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"])]
 
 
 _KEY = ["M_BUCKET", "N", "K", "GROUP"]
-_DECODE = triton.autotune(_configs(True), key=_KEY, reset_to_zero=["C"], do_bench=_bench_candidate,
-                          prune_configs_by={"early_config_prune": _prune})(_int4_gemm_kernel)
-_PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate,
-                           prune_configs_by={"early_config_prune": _prune})(_int4_gemm_kernel)
+_PRUNE = {"early_config_prune": _prune}
+#: Decode in two paths: one program per output tile writing x's dtype (one launch), or K split over
+#: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``_decode_path`` times both.
+_DECODE_DIRECT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] == 1], key=_KEY,
+                                 do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
+_DECODE_SPLIT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] > 1], key=_KEY, reset_to_zero=["C"],
+                                do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
+_PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate, prune_configs_by=_PRUNE)(
+    _int4_gemm_kernel)
+#: (rows bucket, N, K, group, dtype, bias) -> whether the split path was the faster one on this GPU.
+_SPLIT_WINS: dict[tuple, bool] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
 #: down, a split of K so the split path is exercised on CPU too.
 _INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
@@ -113,25 +157,47 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
     kp = weight.packed.shape[1] * 2
     decode = m <= DECODE_ROWS
-    # the split path adds into a zeroed float32 buffer, cast to x's dtype after
-    out = (torch.zeros if decode else torch.empty)((m, n), device=x.device,
-                                                  dtype=torch.float32 if decode else x.dtype)
-    args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m, n,
-            weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
-            triton.next_power_of_2(m))
     flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None, "IEEE": x.dtype == torch.float32}
-    if interpreting():
-        cfg = {**_INTERPRET, "BLOCK_K": min(weight.group, 64)}
-        if not decode:
-            cfg["SPLIT_K"] = 1
-        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-        _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
-    else:
-        def grid(meta: dict) -> tuple[int, int, int]:
-            return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
 
-        (_DECODE if decode else _PREFILL)[grid](*args, **flags, INTERPRET=False)
-    return out.to(x.dtype).reshape(*lead, n)
+    def launch(split: bool) -> torch.Tensor:
+        # the split path adds into a zeroed float32 buffer, cast to x's dtype after
+        out = (torch.zeros((m, n), device=x.device, dtype=torch.float32) if split
+               else torch.empty((m, n), device=x.device, dtype=x.dtype))
+        args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
+                n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
+                triton.next_power_of_2(m))
+        if interpreting():
+            cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
+                   "BLOCK_K": 2 * weight.group if fits(2 * weight.group, weight.group, kp) and weight.group < 64
+                   else min(weight.group, 64)}
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
+            _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
+        else:
+            def grid(meta: dict) -> tuple[int, int, int]:
+                return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
+
+            tuner = (_DECODE_SPLIT if split else _DECODE_DIRECT) if decode else _PREFILL
+            tuner[grid](*args, **flags, INTERPRET=False)
+        return out.to(x.dtype)
+
+    key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
+    if not decode:
+        split = False
+    elif interpreting():
+        split = _SPLIT_WINS.get(key, True)  # not timed under the interpreter: the split path unless set
+    else:
+        split = _decode_path(key, launch)
+    return launch(split).reshape(*lead, n)
+
+
+def _decode_path(key: tuple, launch) -> bool:  # noqa: ANN001 - launch(split) -> output
+    """Whether the split-K path beats the direct one for this shape on this GPU, each autotuned and timed
+    once as a whole call (the split path's zeroing and cast included); remembered for the process."""
+    if key not in _SPLIT_WINS:
+        direct = triton.testing.do_bench(lambda: launch(False), warmup=5, rep=20)
+        split = triton.testing.do_bench(lambda: launch(True), warmup=5, rep=20)
+        _SPLIT_WINS[key] = split < direct
+    return _SPLIT_WINS[key]
 
 
 def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias: bool,
@@ -147,13 +213,14 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
     packed = torch.zeros((1, kp // 2), device=device, dtype=torch.uint8)
     scale = torch.zeros((1, kp // group), device=device, dtype=torch.float32)
     decode = m <= DECODE_ROWS
-    out = torch.zeros((1, 1), device=device, dtype=torch.float32 if decode else dtype)
-    # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
-    args = (x, packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group, k, kp // 2, n,
-            triton.next_power_of_2(m))
     flags = {"GROUP": group, "HAS_BIAS": has_bias, "IEEE": dtype == torch.float32, "INTERPRET": False}
-    tuner = _DECODE if decode else _PREFILL
-    candidates = _prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)
+    jobs = []
+    for tuner in (_DECODE_DIRECT, _DECODE_SPLIT) if decode else (_PREFILL,):
+        out = torch.zeros((1, 1), device=device, dtype=torch.float32 if tuner is _DECODE_SPLIT else dtype)
+        # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
+        args = (x, packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group, k, kp // 2, n,
+                triton.next_power_of_2(m))
+        jobs += [(tuner, args, cfg) for cfg in _prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)]
     index, count = shard
-    for cfg in candidates[index::count]:
+    for tuner, args, cfg in jobs[index::count]:
         tuner.fn.warmup(*args, grid=(1,), **flags, **cfg.all_kwargs())
