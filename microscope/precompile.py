@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from microscope.api import Ablation, Case
 
-#: ``MICROSCOPE_PRECOMPILE_WORKERS=0`` turns the step off; a number sets the processes (default: CPUs - 1, <= 16).
+#: ``MICROSCOPE_PRECOMPILE_WORKERS=0`` turns the step off; a number sets the processes (default: one per CPU, <= 16).
 WORKERS_ENV = "MICROSCOPE_PRECOMPILE_WORKERS"
 #: A shard that has not finished by then is abandoned (the run compiles the rest itself).
 TIMEOUT_S = 300.0
@@ -46,14 +46,16 @@ def defines_precompile(plugin: Ablation) -> bool:
 
 
 def worker_count(cases: int) -> int:
-    """Processes to use: the environment's choice, else one per CPU but one (at most 16)."""
+    """Processes to use: the environment's choice, else one per CPU (at most 16): the run's own process and
+    its worker wait meanwhile, and a room with two compiled warm-ups per case (flash_attn: 8 cases, 16
+    warm-ups) then has one per process."""
     chosen = os.environ.get(WORKERS_ENV, "").strip()
     if chosen:
         try:
             return max(0, int(chosen))
         except ValueError:
             return 0
-    return max(0, min(16, (os.cpu_count() or 1) - 1)) if cases else 0
+    return max(0, min(16, os.cpu_count() or 1)) if cases else 0
 
 
 def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: bool) -> PrecompileReport | None:
