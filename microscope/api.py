@@ -436,8 +436,10 @@ class Ablation:
         shard[0]``). Before a GPU run the harness calls every shard in its own process, so candidates
         compile side by side into Triton's on-disk cache rather than one by one in the first call. The
         numbering turns with the case (case ``j``'s shard 0 runs in process ``j mod shard[1]``), so work done
-        once per case under ``shard[0] == 0`` (a torch.compile warm-up) spreads over the processes.
-        ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
+        once per case under a fixed ``shard[0]`` (a torch.compile warm-up) spreads over the processes. Warm a
+        compiled peer with ``call_as_timed`` once per way the run calls it (flash_attn: with gradients under
+        shard 0, forward only under ``shard[1] // 2``). ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step.
+        Default: nothing to compile."""
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> Mapping[str, Mapping[str, Figure]]:
         """Optional: figures of the plugin's own for one case that no dimension measures (an LSH
