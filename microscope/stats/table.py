@@ -245,6 +245,8 @@ def _status_of(recs: pd.DataFrame) -> str:
 
 def _interpreted(recs: pd.DataFrame) -> bool:
     """Whether a latency record timed a Triton kernel through the CPU interpreter."""
+    if "details.interpreted" in recs.columns and "details" not in recs.columns:  # a normalized frame
+        return any(bool(v) for v in recs["details.interpreted"] if not _missing(v))
     return any(bool(_detail(rec, "interpreted")) for _, rec in recs.iterrows())
 
 
@@ -499,12 +501,10 @@ def _compare_group(key: tuple[str, ...], grp: pd.DataFrame, opts: dict[str, Any]
     kind = metric_kind(dimension, metric, bool(has_passed))
     rows: list[_Row] = []
 
-    order = sorted(
-        dict.fromkeys(others["variant"]),
-        key=lambda v: _ROLE_ORDER.get(str(others.loc[others["variant"] == v, "role"].iloc[0]), 2),
-    )
+    by_variant = dict(tuple(others.groupby("variant", sort=False)))
+    order = sorted(by_variant, key=lambda v: _ROLE_ORDER.get(str(by_variant[v]["role"].iloc[0]), 2))
     for variant in order:
-        recs = others[others["variant"] == variant]
+        recs = by_variant[variant]
         row = _Row(plugin, case_id, dimension, metric, base_name, variant, str(recs["role"].iloc[0]))
         row.gated = row.role == "candidate"
         ok = recs[recs["status"] == "ok"]
