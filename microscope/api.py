@@ -79,6 +79,7 @@ __all__ = [
     "peer",
     "randn",
     "register",
+    "warm_ways",
     "use_moe",
 ]
 
@@ -359,8 +360,8 @@ def randn(
 
     Drawing on the CPU makes the inputs identical on every device, so a GPU run and a CPU run of the
     same seed see the same numbers. A GPU tensor of more than ``DEVICE_DRAW_ELEMENTS`` elements (a
-    benchmark shape: the H200 host's CPU draws about 2^23 normals in 50 ms, for every tensor of every input
-    set) is drawn on the GPU instead, from a generator seeded by the CPU generator: the same numbers on
+    benchmark shape: 4-17 M elements took ~50 ms a tensor on the H200 host's CPU, for every tensor of every
+    input set) is drawn on the GPU instead, from a generator seeded by the CPU generator: the same numbers on
     every run and GPU of the seed, not the CPU's.
     """
     size = math.prod(shape)
@@ -385,6 +386,14 @@ def call_as_timed(fn: Callable[..., Any], inputs: Mapping[str, Any], grad_inputs
             if isinstance(o, torch.Tensor) and o.requires_grad]
     torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     return out
+
+
+def warm_ways(shard: tuple[int, int], backward: bool) -> tuple[bool, ...]:
+    """The ways (True: with gradients) in which precompile shard ``shard`` warms a compiled peer with
+    ``call_as_timed``: with gradients in shard 0 when the run checks or times gradients, forward only in
+    shard ``shard[1] // 2``, so a case's two graphs compile in two processes."""
+    index, count = shard
+    return (True,) * (backward and index == 0) + (False,) * (index == count // 2)
 
 
 class Ablation:
@@ -437,9 +446,8 @@ class Ablation:
         compile side by side into Triton's on-disk cache rather than one by one in the first call. The
         numbering turns with the case (case ``j``'s shard 0 runs in process ``j mod shard[1]``), so work done
         once per case under a fixed ``shard[0]`` (a torch.compile warm-up) spreads over the processes. Warm a
-        compiled peer with ``call_as_timed`` once per way the run calls it (flash_attn: with gradients under
-        shard 0, forward only under ``shard[1] // 2``). ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step.
-        Default: nothing to compile."""
+        compiled peer with ``call_as_timed`` once per way the run calls it, in the shards ``warm_ways`` names.
+        ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> Mapping[str, Mapping[str, Figure]]:
         """Optional: figures of the plugin's own for one case that no dimension measures (an LSH

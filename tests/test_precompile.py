@@ -90,3 +90,14 @@ def test_each_cases_shard_0_runs_in_its_own_process_and_every_shard_runs_once():
         shards = [case_shard(process, count, case) for process in range(count)]
         assert sorted(shards) == [(i, count) for i in range(count)]  # each shard once per case
         assert shards.index((0, count)) == case % count
+
+
+def test_a_cases_two_compiled_graphs_warm_in_two_processes_and_16_processes_hold_8_cases_one_each():
+    from microscope.api import warm_ways
+    from microscope.precompile import case_shard
+
+    assert warm_ways((0, 16), backward=True) == (True,) and warm_ways((8, 16), backward=True) == (False,)
+    assert warm_ways((0, 16), backward=False) == () and warm_ways((3, 16), backward=True) == ()
+    assert warm_ways((0, 1), backward=True) == (True, False)  # one process does both
+    per_process = [sum(len(warm_ways(case_shard(p, 16, c), True)) for c in range(8)) for p in range(16)]
+    assert per_process == [1] * 16

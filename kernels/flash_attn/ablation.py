@@ -13,7 +13,20 @@ from __future__ import annotations
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, call_as_timed, candidate, grid, peer, randn, register
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    Role,
+    baseline,
+    call_as_timed,
+    candidate,
+    grid,
+    peer,
+    randn,
+    register,
+    warm_ways,
+)
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention
 from .kernel import precompile as compile_candidates
@@ -108,11 +121,8 @@ class FlashAttention(Ablation):
         (_, _, sq, d), (_, _, sk, _) = _shapes(case)
         q = torch.zeros((1, 1, sq, d), device=device, dtype=case.dtype)
         k = torch.zeros((1, 1, sk, d), device=device, dtype=case.dtype)
-        # torch.compile's own cache: the graph with gradients and the forward-only one, in two processes
-        if backward and shard[0] == 0:
-            _warm_compiled_peer(case, device, backward=True)
-        if shard[0] == shard[1] // 2:
-            _warm_compiled_peer(case, device, backward=False)
+        for grads in warm_ways(shard, backward):  # torch.compile's own cache, one graph per way the run calls it
+            _warm_compiled_peer(case, device, grads)
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(q, k, case["causal"], backward=backward, shard=after)
         if failed:

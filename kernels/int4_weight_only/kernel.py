@@ -167,9 +167,10 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
                 n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
                 triton.next_power_of_2(m))
         if interpreting():
+            # group 32: tiles of two groups where K allows, so that path is interpreted too
+            two_groups = weight.group < 64 and kp % (2 * weight.group) == 0
             cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
-                   "BLOCK_K": 2 * weight.group if fits(2 * weight.group, weight.group, kp) and weight.group < 64
-                   else min(weight.group, 64)}
+                   "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
             grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
             _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
         else:

@@ -18,7 +18,20 @@ import functools
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, call_as_timed, candidate, grid, peer, randn, register
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    Role,
+    baseline,
+    call_as_timed,
+    candidate,
+    grid,
+    peer,
+    randn,
+    register,
+    warm_ways,
+)
 
 from .kernel import SUPPORTED_HEAD_DIMS, sliding_window_attention
 from .kernel import precompile as compile_candidates
@@ -144,11 +157,8 @@ class SlidingWindowAttention(Ablation):
         if device != "cuda" or _triton_supports(case, device):
             return
         spec = _spec(case)
-        # torch.compile's own cache: the graph with gradients and the forward-only one, in two processes
-        if backward and shard[0] == 0:
-            _warm_flex(case, spec, device, backward=True)
-        if shard[0] == shard[1] // 2:
-            _warm_flex(case, spec, device, backward=False)
+        for grads in warm_ways(shard, backward):  # torch.compile's own cache, one graph per way the run calls it
+            _warm_flex(case, spec, device, grads)
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(case.dtype, case["head_dim"], spec.block, case["random_blocks"] > 0, spec.causal,
                                     device, backward=backward, shard=after)
