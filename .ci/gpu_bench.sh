@@ -6,7 +6,7 @@
 #   the compression catalogue: ROOMS="int8_linear int4_weight_only act_compression_8bit binarize_ste magnitude_sparsity"
 # First the GPU timing-mode and GPU-input tests and the flash_attn cuda profile, then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
-# for each room in ROOMS (flash_attn, safe_softmax, fused_layernorm_gelu and int8_kv_cache), each under its own time limit;
+# for each room in ROOMS (every config with a bench profile), each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
 # whose bench table is the room's figures), runs.tgz (records, comparison, groups, worker logs with the
 # start of each phase of each case), summary.txt (last).
@@ -15,6 +15,9 @@ OUT=${OUT:-/tmp/microscope-gpu-bench}
 WORK=$OUT/work
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-180}
+# one bytecode folder for every step (the machine sets PYTHONDONTWRITEBYTECODE and torch ships no .pyc):
+# without it each step's interpreters compile torch's modules again
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/microscope-gpu-bench-pycache}
 DEADLINE=$((SECONDS + ${BUDGET_S:-440}))
 summary=()
 
@@ -49,7 +52,8 @@ if [ "${FLASH_CUDA:-1}" = 1 ]; then
     --out "$WORK/runs" --no-report --no-progress
 fi
 # ROOM_S: each room's step limit (90 s, the budget; more to see how long a room takes)
-for room in ${ROOMS-flash_attn safe_softmax fused_layernorm_gelu int8_kv_cache}; do
+# ROOMS: the rooms whose bench profile runs (default: every config with a bench profile)
+for room in ${ROOMS-$(grep -l '^  bench:' ablations/*.yaml | xargs -n1 basename | sed 's/\.yaml$//')}; do
   limit=${ROOM_S:-90}
   [ "$room" = flash_attn ] && limit=180
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \

@@ -245,6 +245,8 @@ class Runner(RunBase):
         #: case id -> variant -> output tensor -> the error its timed calls may show (None: not checked)
         self._accepted: dict[str, dict[str, dict[str, float | None]]] = {}
         self._gpu = GpuSampler() if self.device == "cuda" else None
+        #: (case id, seed) and the output gradients drawn for them, reused by every phase of that case
+        self._case_cots: tuple[tuple[str, int] | None, list[torch.Tensor] | None] = (None, None)
         self.tensorboard = None
         if self.config.instrument.tensorboard:
             from microscope.instrument import RunLogger
@@ -417,6 +419,7 @@ class Runner(RunBase):
         if dims.memory.enabled:
             self.on_progress(f"{case.id}: memory")
             self._memory(case, seed0, first_inputs, timed)
+        self._case_cots = (None, None)  # the next case draws its own (they hold GPU memory)
 
     def _figures(self, case: Case, seed: int, inputs: dict[str, Any], active: Sequence[tuple[str, Variant]]) -> None:
         """The plugin's own figures of this case (``Ablation.figures``) as records of the ``figures``
@@ -452,7 +455,22 @@ class Runner(RunBase):
         x64 = fresh_inputs(inputs, grad_names, torch.float64)
         outs = as_tensors(self.plugin.reference(x64))
         cots = cotangents(outs, generator(derive_seed(seed, "cotangent"))) if grad_names else None
+        if cots is not None:
+            self._case_cots = ((case.id, seed), cots)
         return x64, outs, cots
+
+    def _measured_cotangents(self, case: Case, seed: int, inputs: dict[str, Any],
+                             grad_names: Sequence[str]) -> list[torch.Tensor] | None:
+        """The cotangents of the timed and memory calls, on the device in the case's dtype: the accuracy
+        check's own when it drew them for this case and seed, so no second float64 reference runs."""
+        if not grad_names:
+            return None
+        key, cots = self._case_cots
+        if key != (case.id, seed):
+            _, _, cots = self._cotangents(case, seed, inputs, grad_names)
+        cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        self._case_cots = ((case.id, seed), cots)  # kept in the case's dtype: no float32 copy stays allocated
+        return cots
 
     def _accuracy(self, case: Case, seed: int, inputs: dict[str, Any],
                   active: Sequence[tuple[str, Variant]]) -> dict[str, str]:
@@ -530,10 +548,7 @@ class Runner(RunBase):
         cfg = self.config.dimensions.throughput
         grad_names = self._grad_names(case, cfg.backward)
         thunks, buffers = {}, {}
-        cots = None
-        if grad_names:
-            _, outs64, cots = self._cotangents(case, seed, inputs, grad_names)
-            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        cots = self._measured_cotangents(case, seed, inputs, grad_names)
         for name, variant in timed:
             buffers[name] = fresh_inputs(inputs, grad_names if variant.differentiable else ())
             thunks[name] = make_call(variant, buffers[name], grad_names, bool(grad_names), cots)
@@ -711,10 +726,7 @@ class Runner(RunBase):
         from microscope.observe import observe_case
 
         grad_names = self._grad_names(case, self.config.dimensions.throughput.backward)
-        cots = None
-        if grad_names:
-            _, _, cots = self._cotangents(case, seed, inputs, grad_names)
-            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        cots = self._measured_cotangents(case, seed, inputs, grad_names)
         thunks = {name: make_call(variant, fresh_inputs(inputs, grad_names if variant.differentiable else ()),
                                   grad_names, bool(grad_names), cots) for name, variant in timed}
         problems = observe_case(case, thunks, self.plugin.baseline_variant()[0], self.config.instrument,
@@ -726,10 +738,7 @@ class Runner(RunBase):
                 timed: Sequence[tuple[str, Variant]]) -> None:
         cfg = self.config.dimensions.memory
         grad_names = self._grad_names(case, cfg.backward)
-        cots = None
-        if grad_names:
-            _, _, cots = self._cotangents(case, seed, inputs, grad_names)
-            cots = [c.to(device=self.device, dtype=case.dtype) for c in cots]
+        cots = self._measured_cotangents(case, seed, inputs, grad_names)
         mode = "forward+backward" if grad_names else "forward"
         for name, variant in timed:
             self.mark(name)

@@ -383,6 +383,57 @@ def test_a_non_differentiable_variant_owes_only_its_outputs_when_gradients_are_c
     assert {"out.rel_err", "grad_x.rel_err"} <= {r.metric for r in _by(result, variant="base", dimension="accuracy")}
 
 
+DIFFERENTIABLE_PROBE = '''
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+
+@register("differentiable_probe")
+class Probe(Ablation):
+    variants = {"base": baseline(lambda x: torch.tanh(x) * 2), "same": candidate(lambda x: 2 * torch.tanh(x))}
+    cases = grid(n=[33, 70], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+
+    def grad_inputs(self, case):
+        return ("x",)
+'''
+
+
+def test_each_case_draws_its_cotangents_once_and_every_phase_runs_the_checked_backward(tmp_path, monkeypatch):
+    """The accuracy check's float64 truth and cotangents serve the timed and the memory calls: no second
+    float64 reference (seconds a case at benchmark sizes), and every phase runs the backward that was checked."""
+    import microscope.runner as runner_module
+
+    drawn: list[tuple[int, ...]] = []
+    seen: list[torch.Tensor] = []
+    draw, call = runner_module.cotangents, runner_module.make_call
+
+    def counting(outputs, gen):
+        drawn.append(tuple(outputs[0].shape))
+        return draw(outputs, gen)
+
+    def recording(variant, inputs, grad_names, backward, cots):
+        seen.append(cots[0])
+        return call(variant, inputs, grad_names, backward, cots)
+
+    monkeypatch.setattr(runner_module, "cotangents", counting)
+    monkeypatch.setattr(runner_module, "make_call", recording)
+    text = ("plugin: differentiable_probe\nplugins: [probe.py]\ndimensions:\n  accuracy: {backward: true}\n"
+            "  throughput: {warmup: 1, rounds: 2, reps: 1, backward: true}\n  memory: {backward: true}\n")
+    result = _run_plugin(tmp_path, "probe.py", DIFFERENTIABLE_PROBE, text, "probe")
+    assert not [r for r in result.records if r.status == "failed"]
+    assert sorted(drawn) == [(33,), (70,)]
+    by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for cots in seen:
+        by_shape.setdefault(tuple(cots.shape), []).append(cots)
+    assert sorted(by_shape) == [(33,), (70,)]
+    for cots in by_shape.values():  # two variants, timed and memory calls
+        assert len(cots) == 4 and all(torch.equal(c, cots[0]) for c in cots)
+
+
 def test_cpu_peak_counts_allocations_not_views_of_existing_tensors():
     """A Linear's ``weight.t()`` and an input's ``view`` allocate nothing: only the output is counted."""
     w, x = torch.randn(256, 256), torch.randn(8, 256)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from microscope.api import Variant
+from microscope.api import Variant, randn
 
 
 def as_tensors(out: Any) -> list[torch.Tensor]:
@@ -44,8 +44,9 @@ def fresh_inputs(
 
 
 def cotangents(outputs: Sequence[torch.Tensor], gen: torch.Generator) -> list[torch.Tensor]:
-    """Seeded random output gradients (float32 on CPU, cast per use) for backward checks."""
-    return [torch.randn(tuple(o.shape), generator=gen, dtype=torch.float32) for o in outputs]
+    """Seeded random output gradients in float32 on the outputs' device (cast per use), drawn like inputs
+    (``api.randn``: on the GPU for benchmark sizes, where one CPU thread took seconds)."""
+    return [randn(tuple(o.shape), torch.float32, gen, o.device) for o in outputs]
 
 
 def make_call(
