@@ -128,7 +128,9 @@ def _executor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="with --resume: continue even if the config changed")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, early_worker: bool = False) -> int:
+    """Run one command; ``early_worker``: ``microscope run`` starts its first worker process before this one
+    imports torch, so their start-ups overlap (the console command does; tests calling main do not)."""
     args = _parser().parse_args(argv)
     console = Console()
     if not console.is_terminal:  # logs and CI: keep table rows on one line each
@@ -142,11 +144,24 @@ def main(argv: list[str] | None = None) -> int:
         return history_command.main(args, console, err)
     if args.command == "baseline":
         return baseline_command.main(args, console, err)
+    early = None
+    if early_worker and args.command == "run" and args.resume is None:
+        from microscope.executors.local import early_worker as start_early_worker
+
+        early = start_early_worker(args.config, args.executor)
+    try:
+        return _dispatch(args, console, err, early)
+    finally:
+        if early is not None and not early.adopted:
+            early.discard()
+
+
+def _dispatch(args: argparse.Namespace, console: Console, err: Console, early) -> int:  # noqa: ANN001 - a Worker
     from microscope import commands  # imported late: the device must be chosen before plugins load
 
     try:
         if args.command == "run":
-            return commands.run(args, console)
+            return commands.run(args, console, early)
         if args.command == "resume":
             return commands.resume(args, console)
         if args.command == "list":
@@ -172,7 +187,7 @@ def console_main() -> int:
     """The ``microscope`` command: a process of its own, so it may set up what every process of its run
     shares (one bytecode folder, before torch is imported), then ``main``."""
     bytecode_cache.use_shared_cache()
-    return main()
+    return main(early_worker=True)
 
 
 if __name__ == "__main__":

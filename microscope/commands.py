@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,6 +19,9 @@ from microscope import config as cfgmod
 from microscope import device as devmod
 from microscope import registry
 from microscope.api import RegistrationError
+
+if TYPE_CHECKING:
+    from microscope.executors.local import Worker
 
 EXIT_OK, EXIT_FAILED_TRIALS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_RESULTS, DEFAULT_REPORTS = Path("results"), Path("reports")
@@ -73,8 +76,9 @@ def load_checked(path: Path, device: str, quick: bool, overrides: dict | None = 
     return config, plugin
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
-    """``microscope run CONFIG``, or with ``--resume DIR`` the continuation of an interrupted run."""
+def run(args: argparse.Namespace, console: Console, early: Worker | None = None) -> int:
+    """``microscope run CONFIG``, or with ``--resume DIR`` the continuation of an interrupted run; ``early``: a
+    worker started before this process imported torch (``local.early_worker``), the run's first if it uses one."""
     if args.resume is not None:
         return _resume(args.resume, console, args=args)
     text = _config_text(args.config)
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         device = devmod.resolve(requested_device(args.config, args.device, text))
     except devmod.DeviceError as exc:
         raise UserError(str(exc)) from exc
-    return _execute(args, console, device, _overrides(args), run_dir=None, text=text)
+    return _execute(args, console, device, _overrides(args), run_dir=None, text=text, early=early)
 
 
 def _config_text(path: Path) -> str:
@@ -140,7 +144,7 @@ def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int
 
 
 def _execute(args: argparse.Namespace, console: Console, device: str, overrides: dict, *, run_dir: Path | None,
-             state=None, text: str | None = None) -> int:  # noqa: ANN001 - a RunState
+             state=None, text: str | None = None, early: Worker | None = None) -> int:  # noqa: ANN001 - a RunState
     """Load, run every trial group on the chosen executor, then print, gate and report."""
     import torch
 
@@ -184,7 +188,7 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
                    memory_limit_gb=config.executor.memory_limit_gb, threads=torch.get_num_threads(), config_text=text)
     try:
         executor = make_executor(kind, runner, spec, jobs=jobs, timeout_s=config.timeout_s,
-                                 address=config.executor.address)
+                                 address=config.executor.address, early=early if kind == "local" else None)
     except ImportError as exc:
         raise UserError(f"{config.where('executor.kind')}: executor: {exc}") from exc
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

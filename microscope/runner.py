@@ -257,15 +257,16 @@ class Runner(RunBase):
             max_wall_s: float | None = None) -> RunResult:
         """Compile the plugin's GPU kernels for every case in parallel first (``Ablation.precompile``), while
         an executor that can (``prestart``) starts its first worker."""
-        if self.device == "cuda" and not self.interpreted:
-            from microscope.precompile import defines_precompile, precompile
+        from microscope.precompile import defines_precompile, precompile
 
-            if defines_precompile(self.plugin):
-                # every process compiles serially: a run's precompile processes (one per CPU) and its worker
-                # would otherwise each start one compile subprocess per CPU, all importing torch at once
-                os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-                if hasattr(executor, "prestart"):
-                    executor.prestart()  # type: ignore[union-attr]
+        compiling = self.device == "cuda" and not self.interpreted and defines_precompile(self.plugin)
+        if compiling:
+            # every process compiles serially: a run's precompile processes (one per CPU) and its worker
+            # would otherwise each start one compile subprocess per CPU, all importing torch at once
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        if hasattr(executor, "prestart"):
+            executor.prestart(warm=compiling)  # type: ignore[union-attr]
+        if self.device == "cuda" and not self.interpreted:
             dims = self.config.dimensions
             backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
             report = precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)

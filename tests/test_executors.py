@@ -306,3 +306,59 @@ def test_a_prestarted_worker_imports_while_the_run_prepares_and_serves_the_first
     executor.idle.append(worker)
     executor.close()
     assert worker.proc.exitcode == 0 and not executor.idle
+
+
+def test_an_early_worker_imports_before_its_run_is_known_then_serves_the_run_with_one_log(tmp_path: Path) -> None:
+    """``microscope run`` starts its first worker before the CLI imports torch; the executor tells it the run
+    later: the worker builds that runner, its log (start-up lines included) moves into the run's folder."""
+    from microscope.executors.local import LocalExecutor, early_worker
+    from microscope.executors.worker import RunSpec
+
+    cfg = _toy_config(tmp_path, "[9]")
+    early = early_worker(cfg, None)
+    assert early is not None and not early.adopted
+    first_log = early.log
+    spec = RunSpec(config_path=str(cfg), device="cpu", quick=True, overrides={}, run_id="early",
+                   out_root=str(tmp_path), env={}, cwd=str(tmp_path), threads=1)
+    executor = LocalExecutor(None, spec, early=early)  # type: ignore[arg-type] - the runner is only read by run()
+    assert early.adopted
+    executor.prestart()
+    (worker,) = executor.idle
+    assert worker is early
+    assert worker.conn.poll(120) and worker.conn.recv() == ("ready",)
+    assert worker.log == tmp_path / "early" / "workers" / "worker-0.log" and not first_log.exists()
+    assert "before its run was known" in worker.log.read_text()
+    executor.close()
+    assert worker.proc.exitcode == 0
+
+
+def test_no_early_worker_where_the_run_names_another_executor_and_an_unused_one_leaves_nothing(tmp_path: Path) -> None:
+    from microscope.executors.local import early_worker
+
+    cfg = _toy_config(tmp_path, "[9]")
+    assert early_worker(cfg, "inline") is None and early_worker(tmp_path / "missing.yaml", None) is None
+    inline = tmp_path / "inline.yaml"
+    inline.write_text(cfg.read_text() + "profiles:\n  cpu:\n    executor: {kind: inline}\n")
+    assert early_worker(inline, None) is None
+    unused = early_worker(cfg, "local")
+    assert unused is not None
+    log = unused.log
+    unused.discard()
+    assert not unused.proc.is_alive() and not log.exists()
+
+
+def test_the_microscope_command_runs_on_its_early_worker(tmp_path: Path) -> None:
+    """The console entry point (``main(early_worker=True)``): the run's one worker is the early one, and no
+    log of it is left outside the run's folder."""
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("microscope-worker-*.log"))
+    cfg = _toy_config(tmp_path, "[9, 17]")
+    code = cli.main(["run", str(cfg), "--device", "cpu", "--no-progress", "--no-report", "--out", str(tmp_path / "r"),
+                     *sum((["--set", s] for s in FAST), [])], early_worker=True)
+    assert code == 0
+    run_dir = _only_run(tmp_path / "r")
+    assert [p.name for p in (run_dir / "workers").iterdir()] == ["worker-0.log"]
+    assert "before its run was known" in (run_dir / "workers" / "worker-0.log").read_text()
+    assert {g["status"] for g in read_group_log(run_dir)} == {"ok"}
+    assert set(Path(tempfile.gettempdir()).glob("microscope-worker-*.log")) <= before

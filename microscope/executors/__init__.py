@@ -12,6 +12,7 @@ from microscope.executors.worker import RunSpec
 
 if TYPE_CHECKING:
     from microscope.executors.driver import Driver
+    from microscope.executors.local import Worker
     from microscope.runner import RunBase
 
 KINDS = ("local", "inline", "ray")
@@ -37,8 +38,9 @@ def default_jobs(device: str) -> int:
 
 
 def make_executor(kind: str, runner: RunBase, spec: RunSpec | None, *, jobs: int | None, timeout_s: float,
-                  address: str = "auto") -> Executor:
-    """The executor ``kind`` for ``runner``; ``spec`` rebuilds the runner in a worker (local, ray)."""
+                  address: str = "auto", early: Worker | None = None) -> Executor:
+    """The executor ``kind`` for ``runner``; ``spec`` rebuilds the runner in a worker (local, ray); ``early``:
+    a worker the CLI started before planning (``local.early_worker``), the local executor's first."""
     if kind == "inline" or spec is None:
         from microscope.executors.inline import InlineExecutor
 
@@ -50,7 +52,8 @@ def make_executor(kind: str, runner: RunBase, spec: RunSpec | None, *, jobs: int
     from microscope.executors.local import LocalExecutor
 
     gpus = default_jobs("cuda") if spec.device == "cuda" else 0
-    return LocalExecutor(runner, spec, jobs=jobs or default_jobs(spec.device), timeout_s=timeout_s, gpus=gpus)
+    return LocalExecutor(runner, spec, jobs=jobs or default_jobs(spec.device), timeout_s=timeout_s, gpus=gpus,
+                         early=early)
 
 
 __all__ = ["KINDS", "Executor", "Group", "GroupOutcome", "Resume", "RunOutcome", "RunSpec", "default_jobs",

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
+import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -50,11 +52,17 @@ class Attempt:
 class Worker:
     """One spawned worker process, its pipe, its shared "running now" marker and its log."""
 
-    def __init__(self, spec: RunSpec, index: int, log_dir: Path, gpu: int | None, warm: bool = False) -> None:
+    def __init__(self, spec: RunSpec | None, index: int, log_dir: Path | None, gpu: int | None,
+                 warm: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.marker = ctx.Array("c", 256, lock=False)
-        self.log = log_dir / f"worker-{index}.log"
+        if spec is None or log_dir is None:  # an early worker: a log of its own until it is told its run's
+            fd, early_log = tempfile.mkstemp(prefix="microscope-worker-", suffix=".log")
+            os.close(fd)
+            self.log = Path(early_log)
+        else:
+            self.log = log_dir / f"worker-{index}.log"
         self.proc = ctx.Process(target=worker_main, args=(spec, child, self.marker, str(self.log), warm),
                                 name=f"microscope-worker-{index}", daemon=True)
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -73,6 +81,28 @@ class Worker:
         self.ready = False
         self.born = time.monotonic()
         self.last_words: str | None = None  # what the worker said before it exited (read on an earlier poll)
+        self.adopted = spec is not None  # an early worker belongs to the CLI until an executor takes it
+
+    @classmethod
+    def early(cls) -> Worker:
+        """A worker started before its run is planned (``microscope run`` starts one first thing): it
+        imports torch and the harness while the parent does the same, then waits for ``assign``."""
+        return cls(None, 0, None, None)
+
+    def assign(self, spec: RunSpec, index: int, log_dir: Path, gpu: int | None, warm: bool) -> None:
+        """Tell an early worker its run: it moves its log to the run's folder and builds the runner."""
+        log = log_dir / f"worker-{index}.log"
+        try:
+            self.conn.send(("setup", spec, str(log), warm, gpu, dict(os.environ)))
+        except OSError:  # it died importing: its own log keeps the reason, read when the executor polls it
+            return
+        self.log = log
+
+    def discard(self) -> None:
+        """Stop an early worker that no run needed, and remove its log."""
+        self.kill()
+        self.conn.close()
+        self.log.unlink(missing_ok=True)
 
     def running(self) -> str | None:
         name = bytes(self.marker.value).decode("utf-8", "replace")
@@ -125,7 +155,7 @@ class Worker:
 
 class LocalExecutor:
     def __init__(self, runner: RunBase, spec: RunSpec, *, jobs: int = 1, timeout_s: float = 600.0,
-                 gpus: int = 0) -> None:
+                 gpus: int = 0, early: Worker | None = None) -> None:
         self.runner = runner
         self.spec = spec
         self.jobs = max(1, jobs)
@@ -134,21 +164,30 @@ class LocalExecutor:
         self.log_dir = Path(spec.out_root) / spec.run_id / "workers"
         self.idle: list[Worker] = []
         self._started = 0
+        self._early = early  # started by the CLI before the run was planned; its first worker
+        if early is not None:
+            early.adopted = True
 
     def _worker(self, warm: bool = False) -> Worker:
         if self.idle:
             return self.idle.pop()
         gpu = self._started % self.gpus if self.gpus > 1 else None
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        worker = Worker(self.spec, self._started, self.log_dir, gpu, warm)
+        if self._early is not None:
+            worker, self._early = self._early, None
+            worker.assign(self.spec, self._started, self.log_dir, gpu, warm)
+            worker.adopted = True
+        else:
+            worker = Worker(self.spec, self._started, self.log_dir, gpu, warm)
         self._started += 1
         return worker
 
-    def prestart(self) -> None:
-        """Start the first worker now: its imports (torch, Triton, the plugin: seconds) and its GPU libraries'
-        first-use costs (``worker.warm_gpu_libraries``) then overlap a precompile step."""
+    def prestart(self, warm: bool = False) -> None:
+        """Start (or tell its run to) the first worker now: its imports (torch, Triton, the plugin: seconds)
+        and, with ``warm``, its GPU libraries' first-use costs (``worker.warm_gpu_libraries``) then overlap
+        the parent's own work (a precompile step)."""
         if not self.idle and not self._started:
-            self.idle.append(self._worker(warm=True))
+            self.idle.append(self._worker(warm=warm))
 
     def run(self, groups: Sequence[Group], driver: Driver) -> set[str]:
         queue: deque[Attempt] = deque(Attempt(g) for g in groups)
@@ -261,3 +300,23 @@ class LocalExecutor:
         for worker in self.idle:
             worker.stop()
         self.idle = []
+        if self._early is not None:  # never needed (a run with nothing to measure)
+            self._early.discard()
+            self._early = None
+
+
+#: A config naming another executor (top level, a profile or the quick overlay) gets no early worker.
+_OTHER_EXECUTOR = re.compile(r"\bkind:\s*['\"]?(inline|ray)\b")
+
+
+def early_worker(config: Path, executor: str | None) -> Worker | None:
+    """``microscope run CONFIG``'s first worker, started before the CLI imports torch: a worker's start-up
+    (torch, Triton, CUDA: ~10 s on an H200 host) then overlaps the CLI's own. None where the run will not
+    use the local executor, as far as the command line and the config's text say."""
+    if executor not in (None, "local"):
+        return None
+    try:
+        text = config.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None if _OTHER_EXECUTOR.search(text) else Worker.early()

@@ -98,28 +98,78 @@ def warm_gpu_libraries() -> None:
         pass
 
 
-def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str, warm: bool = False) -> None:
-    """Serve groups until the parent sends ``None`` (or this process must be replaced); ``warm``: run
-    ``warm_gpu_libraries`` before the first group (a GPU run's worker started ahead of its precompile step)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+def _log_to(log_path: str, carried: str | None = None) -> None:
+    """Send this process's stdout and stderr to ``log_path`` (after the lines of ``carried``, a log it wrote
+    before it knew its run's, which is then removed)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if carried is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(fd, Path(carried).read_bytes())
+        os.unlink(carried)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _await_run(conn: Any, early_log: str) -> tuple[RunSpec, bool] | None:
+    """A worker started before its run was planned: import torch and the harness meanwhile, then take the
+    run's spec, log and GPU from the parent; None when the parent closes it instead."""
+    import torch  # noqa: F401 - the seconds this start is for
+
+    import microscope.runner  # noqa: F401
+
+    try:
+        message = conn.recv()
+    except (EOFError, OSError):
+        message = None
+    if not message:
+        os.unlink(early_log)
+        return None
+    _, spec, log_path, warm, gpu, environ = message
+    os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})  # the parent's, as of now
+    if gpu is not None:  # before anything initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    _log_to(log_path, carried=early_log)
+    return spec, warm
+
+
+def worker_main(spec: RunSpec | None, conn: Any, marker: Any, log_path: str, warm: bool = False) -> None:
+    """Serve groups until the parent sends ``None`` (or this process must be replaced); ``warm``: run
+    ``warm_gpu_libraries`` before the first group (a GPU run's worker started ahead of its precompile step).
+    ``spec`` None: an early worker (``local.Worker.early``), told its run by a ``("setup", ...)`` message."""
+    born = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+    _log_to(log_path)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     faulthandler.enable(file=sys.stderr)  # a segfault leaves its Python stack in the log
+    waited = 0.0
+    if spec is None:
+        setup = _await_run(conn, log_path)
+        if setup is None:
+            return
+        spec, warm = setup
+        waited = time.monotonic() - born
     if spec.memory_limit_gb and spec.device == "cpu":
         import resource
 
         limit = int(spec.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    building = time.monotonic()
     runner = spec.build()
+    warming = time.monotonic()
     if warm and spec.device == "cuda":
         warm_gpu_libraries()
     # The imports' objects (hundreds of thousands) move out of the collector's view, so the full collection
     # before each memory measurement scans only what the groups create (it took 0.18 s a variant); done
     # again after the first group, once its first calls have imported and compiled what the others reuse.
     gc.freeze()
+    print(f"worker ready {time.monotonic() - born:.1f} s after its start"
+          + (f" ({waited:.1f} s of them before its run was known)" if waited else "")
+          + f": runner {warming - building:.1f} s"
+          + (f", GPU libraries {time.monotonic() - warming:.1f} s" if warm and spec.device == "cuda" else ""),
+          file=sys.stderr, flush=True)
     conn.send(("ready",))
 
     def mark(name: str) -> None:
@@ -176,7 +226,11 @@ def worker_main(spec: RunSpec, conn: Any, marker: Any, log_path: str, warm: bool
             break
     runner.close()
     conn.close()
-    gc.unfreeze()  # the interpreter's shutdown frees them (nanobind reports objects it never saw freed)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # everything is written: the interpreter's shutdown (freeing every object, torch's and CUDA's exit
+    # handlers: a second or more) would only keep the parent waiting
+    os._exit(0)
 
 
 def _gpu_free(device: str) -> int | None:
