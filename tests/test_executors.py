@@ -362,3 +362,37 @@ def test_the_microscope_command_runs_on_its_early_worker(tmp_path: Path) -> None
     assert "before its run was known" in (run_dir / "workers" / "worker-0.log").read_text()
     assert {g["status"] for g in read_group_log(run_dir)} == {"ok"}
     assert set(Path(tempfile.gettempdir()).glob("microscope-worker-*.log")) <= before
+
+
+SEMAPHORE_PLUGIN = '''
+import multiprocessing
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, randn, register
+
+HELD = []  # a semaphore the worker process made and keeps, as a compile pool's queue does
+
+
+@register("semaphore_probe")
+class Probe(Ablation):
+    variants = {"base": baseline(lambda x: torch.tanh(x)), "same": candidate(lambda x: torch.tanh(x))}
+    cases = grid(n=[9], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+
+    def inputs(self, case, gen, device):
+        HELD.append(multiprocessing.get_context("spawn").Lock())
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+'''
+
+
+def test_a_worker_leaves_no_semaphore_of_its_own_behind(tmp_path: Path) -> None:
+    """A worker's semaphores (a compile pool's queue) are released when it leaves: Python's resource tracker
+    would otherwise warn about leaked semaphores at the end of the run's console."""
+    (tmp_path / "probe.py").write_text(SEMAPHORE_PLUGIN)
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text("plugin: semaphore_probe\nplugins: [probe.py]\ndimensions:\n"
+                   "  throughput: {warmup: 1, rounds: 2, reps: 1}\n  memory: {enabled: false}\n")
+    done = subprocess.run([sys.executable, "-m", "microscope.cli", "run", str(cfg), "--device", "cpu", "--no-progress",
+                           "--no-report", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr

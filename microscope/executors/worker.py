@@ -226,11 +226,7 @@ def worker_main(spec: RunSpec | None, conn: Any, marker: Any, log_path: str, war
             break
     runner.close()
     conn.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # everything is written: the interpreter's shutdown (freeing every object, torch's and CUDA's exit
-    # handlers: a second or more) would only keep the parent waiting
-    os._exit(0)
+    gc.unfreeze()  # the interpreter's shutdown frees them (nanobind reports objects it never saw freed)
 
 
 def _gpu_free(device: str) -> int | None:
