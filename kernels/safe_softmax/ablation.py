@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from microscope_kernels.safe_softmax.kernel import safe_softmax
+from microscope_kernels.safe_softmax.kernel import precompile, safe_softmax
 from microscope_kernels.safe_softmax.reference import naive_softmax, safe_softmax_reference, torch_softmax
 
 from microscope.api import Ablation, Case, Tolerance, baseline, candidate, grid, peer, randn, register
@@ -58,6 +58,11 @@ class SafeSoftmax(Ablation):
         "bf16": Tolerance(rtol=3e-2, atol=1e-6, max_mismatch=0.01),
         "fp64": Tolerance(rtol=1e-10, atol=1e-14, max_mismatch=0.01),
     }
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of the forward's (and backward's) autotuning candidates for the case's shape and dtype."""
+        if device == "cuda":
+            precompile(case["rows"], case["cols"], case.dtype, backward, shard)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
         rows, cols = case["rows"], case["cols"]

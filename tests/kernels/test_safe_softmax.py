@@ -183,3 +183,52 @@ def test_backward_rejects_a_gradient_of_another_shape():
     y = torch.softmax(torch.randn(3, 5), dim=-1)
     with pytest.raises(ValueError, match=r"dy must have y's shape \(3, 5\), got \(3, 4\)"):
         softmax_backward(y, torch.randn(3, 4))
+
+
+def test_precompile_shards_hand_out_every_candidate_of_forward_and_backward_once(monkeypatch):
+    """Shard ``i`` of ``n`` compiles the candidates ``i, i+n, ...`` of ``compile_jobs``: together the shards
+    cover every forward and backward candidate the autotuners time, each once."""
+    import functools
+
+    from microscope_kernels.safe_softmax import kernel
+
+    jobs = kernel.compile_jobs(4096, 16384, torch.bfloat16, True, device="cpu")
+    names = {tuner.fn.__name__ for tuner, *_ in jobs}
+    assert names == {"_softmax_fwd_kernel", "_softmax_bwd_kernel"}
+    assert len(kernel.compile_jobs(4096, 16384, torch.bfloat16, False, device="cpu")) < len(jobs)
+    assert kernel.compile_jobs(4, 65537, torch.bfloat16, True, device="cpu") == []  # the chunked path
+    built = []
+    for tuner in {tuner for tuner, *_ in jobs}:
+        monkeypatch.setattr(tuner.fn, "warmup", lambda *a, grid, **kw: built.append(tuple(sorted(kw.items()))))
+    monkeypatch.setattr(kernel, "interpreting", lambda: False)
+    monkeypatch.setattr(kernel, "compile_jobs", functools.partial(kernel.compile_jobs, device="cpu"))
+    for index in range(3):
+        kernel.precompile(4096, 16384, torch.bfloat16, True, (index, 3))
+    want = [tuple(sorted({**consts, **cfg.all_kwargs()}.items())) for _, _, consts, cfg in jobs]
+    assert sorted(built) == sorted(want) and len(set(built)) == len(jobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(100, 781), (4096, 16384)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_precompiled_candidates_are_the_ones_the_first_call_runs(shape, dtype, seed):
+    """After every shard compiled, the first forward and backward build nothing more: the precompiled
+    specializations are the call's own (a mismatch would compile again in the run's first call)."""
+    from microscope_kernels.safe_softmax.kernel import precompile
+    from triton import knobs
+
+    m, n = shape
+    for index in range(4):
+        precompile(m, n, dtype, True, (index, 4))
+    builds = []
+    saved = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
+    try:
+        x = logits((m, n), seed).to("cuda", dtype).requires_grad_(True)
+        y = safe_softmax(x)
+        y.backward(torch.ones_like(y))
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = saved
+    assert builds == []
+    assert rel_err(y.detach(), torch.softmax(x.detach().double(), -1)) < 1e-2
