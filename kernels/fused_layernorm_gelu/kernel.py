@@ -507,6 +507,48 @@ def layernorm_gelu_backward(
     return _as_input(dx, x), _as_input(dw, weight), _as_input(db, bias)
 
 
+def compile_jobs(m: int, n: int, dtype: torch.dtype, approximate: str, eps: float, backward: bool,
+                 device: torch.device | None = None) -> list[Callable[[], object]]:
+    """Every kernel build ``layernorm_gelu`` makes for an (m, n) input of ``dtype``, one thunk each: the
+    forward of each tuned plan, then (``backward``) the backward with the column sums of its partials
+    (their grid comes from the backward's occupancy). Tensors carry only dtypes; the integer arguments are
+    the call's own, which Triton specializes on being 1 or a multiple of 16."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    x = torch.empty((1, n), device=device, dtype=dtype)
+    weight = torch.empty((n,), device=device, dtype=dtype)
+    stats = torch.empty((2, m), device=device, dtype=torch.float32)  # the call's layout: rstd's alignment
+    part = torch.empty((1, n), device=device, dtype=torch.float32)
+    consts = _consts(n, approximate, device)
+    forward = (x, weight, weight, x, stats, m, n, n, n, eps)
+    jobs: list[Callable[[], object]] = [
+        functools.partial(_fwd_kernel.warmup, *forward, **consts, **plan.consts(), num_warps=plan.warps, grid=(1,))
+        for plan in forward_plans(n)]
+
+    def backward_kernels() -> None:
+        warps = _tile_shape(consts["BLOCK_N"])[1]
+        sizing = (x, weight, weight, x, x, stats[0], stats[1], stats[0], stats[1], m, n, n, n, n)
+        programs = _persistent_grid(_bwd_kernel, sizing, consts, -(-m // consts["BLOCK_M"]), warps, device)
+        _bwd_kernel.warmup(*sizing[:7], part, part, *sizing[9:], **consts, num_warps=warps, grid=(1,))
+        block_c = min(32, consts["BLOCK_N"])
+        _sum_partials_kernel.warmup(part, part, weight, weight, programs, n,
+                                    BLOCK_P=min(256, triton.next_power_of_2(programs)), BLOCK_C=block_c,
+                                    num_warps=8, grid=(1,))
+
+    return jobs + [backward_kernels] * backward
+
+
+def precompile(m: int, n: int, dtype: torch.dtype, approximate: str, eps: float, backward: bool,
+               shard: tuple[int, int] = (0, 1)) -> None:
+    """Build, without launching, shard ``shard[0]`` of ``shard[1]`` of ``compile_jobs`` (job ``i`` where
+    ``i % shard[1] == shard[0]``): a run's precompile processes build them side by side, where the first
+    call built them one by one (~5.5 s a case in the H200 bench profile)."""
+    if interpreting():
+        return
+    index, count = shard
+    for job in compile_jobs(m, n, dtype, approximate, eps, backward)[index::count]:
+        job()
+
+
 class _LayerNormGelu(torch.autograd.Function):
     """Autograd glue: saves ``x`` and two fp32 statistics per row, nothing of the size of ``y``."""
 

@@ -280,3 +280,51 @@ def test_plugin_candidate_meets_its_tolerance_on_default_cases():
         assert rel_err(got, truth) <= limit, case.id
         outside = ((got.double() - truth).abs() > tol.atol + tol.rtol * truth.abs()).double().mean()
         assert outside <= tol.max_mismatch, case.id
+
+
+def test_precompile_shards_build_each_forward_plan_and_the_backward_once(monkeypatch):
+    """``compile_jobs`` holds one build per tuned forward plan and, with gradients, one for the backward
+    (with its column sums); shard ``i`` of ``n`` runs jobs ``i, i+n, ...``, so the shards run each once."""
+    from microscope_kernels.fused_layernorm_gelu import kernel
+
+    built = []
+    monkeypatch.setattr(kernel._fwd_kernel, "warmup", lambda *a, grid, **kw: built.append(("fwd", kw["num_warps"],
+                                                                                         kw["PREFETCH"], kw["STAGES"])))
+    monkeypatch.setattr(kernel._bwd_kernel, "warmup", lambda *a, grid, **kw: built.append(("bwd", kw["num_warps"])))
+    monkeypatch.setattr(kernel._sum_partials_kernel, "warmup", lambda *a, grid, **kw: built.append(("sum",)))
+    monkeypatch.setattr(kernel, "interpreting", lambda: False)
+    cpu = torch.device("cpu")
+    real = kernel.compile_jobs
+    monkeypatch.setattr(kernel, "compile_jobs", lambda *a, **kw: real(*a, **kw, device=cpu))
+    n = 4096
+    assert len(real(16384, n, torch.bfloat16, "tanh", 1e-5, False, device=cpu)) == len(forward_plans(n))
+    for index in range(4):
+        kernel.precompile(16384, n, torch.bfloat16, "tanh", 1e-5, True, (index, 4))
+    plans = sorted(("fwd", p.warps, p.prefetch, p.stages) for p in forward_plans(n))
+    assert sorted(b for b in built if b[0] == "fwd") == plans
+    assert [b[0] for b in built if b[0] != "fwd"] == ["bwd", "sum"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(100, 781), (16384, 4096)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_precompiled_builds_are_the_ones_the_first_call_runs(shape, dtype, seed):
+    """After every shard built, the first forward (with its plan tuning) and backward build nothing more:
+    the precompiled specializations are the call's own."""
+    from microscope_kernels.fused_layernorm_gelu.kernel import precompile
+    from triton import knobs
+
+    for index in range(3):
+        precompile(*shape, dtype, "tanh", 1e-5, True, (index, 3))
+    x, w, b, dy = (t.to(dtype) for t in make_inputs(shape, seed))
+    x.requires_grad_(True)
+    builds = []
+    saved = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
+    try:
+        layernorm_gelu(x, w, b, 1e-5, "tanh").backward(dy)
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = saved
+    assert builds == []
+    assert x.grad is not None and torch.isfinite(x.grad).all()
