@@ -188,9 +188,11 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_performer_estimate_converges_to_softmax_attention(seed):
-    """FAVOR+ is an unbiased estimate of the softmax kernel: at 4096 features the output is within 12% (norm-
-    relative, mean of 4 projections; typically 2-6%) of exact softmax attention, and its error is well below
-    the one at 64 features (Monte Carlo error shrinks like 1/sqrt(F): 8x from 64 to 4096)."""
+    """FAVOR+ is an unbiased estimate of the softmax kernel: at 4096 features the output is within 20% (norm-
+    relative, mean of 4 projections) of exact softmax attention, and its error is well below the one at 64
+    features (Monte Carlo error shrinks like 1/sqrt(F): 8x from 64 to 4096). Over 300 seeds the 4096-feature
+    error had median 3.6% and maximum 10%, and its ratio to the 64-feature one at most 0.38; one draw of q and
+    k (seed 250549029) gave 12.2%, with 0.51 at 64 features and 3.2% at 65536: the data, not the estimate."""
     gen = torch.Generator().manual_seed(seed)
     q, k = (0.5 * torch.randn((1, 1, 12, 16), generator=gen, dtype=torch.float64) for _ in range(2))
     v = torch.randn((1, 1, 12, 16), generator=gen, dtype=torch.float64)
@@ -205,7 +207,7 @@ def test_performer_estimate_converges_to_softmax_attention(seed):
         return sum(errors) / len(errors)
 
     coarse, fine = mean_error(64), mean_error(4096)
-    assert fine < 0.12, fine
+    assert fine < 0.2, fine
     assert fine < 0.6 * coarse, (coarse, fine)
 
 
