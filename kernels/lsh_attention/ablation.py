@@ -28,7 +28,20 @@ from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
-from microscope.api import Ablation, Arm, Case, Figure, Role, baseline, candidate, grid, peer, randn, register
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    Figure,
+    Role,
+    baseline,
+    call_as_timed,
+    candidate,
+    grid,
+    peer,
+    randn,
+    register,
+)
 
 from .hashing import draw_rotations
 from .kernel import SUPPORTED_HEAD_DIMS, lsh_attention
@@ -120,9 +133,19 @@ class LSHAttentionAblation(Ablation):
     tolerance = ATTENTION_TOLERANCE
 
     def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
-        """This shard of flash_attn's autotuning candidates at the case's full length, for the flash_full
-        peer (its shapes are in no tuned table, so each length autotunes every candidate)."""
-        if device != "cuda" or case["head_dim"] not in FLASH_HEAD_DIMS:
+        """In the last shard, the LSH kernels of the case (one call, with its backward where the run checks
+        gradients, on a short sequence: their integer arguments are not specialized, so the binaries are
+        the case's own); in every shard, its part of flash_attn's autotuning candidates at the case's full
+        length, for the flash_full peer (its shapes are in no tuned table, so each length autotunes every
+        candidate)."""
+        if device != "cuda":
+            return
+        if shard[0] == shard[1] - 1 and case["head_dim"] in SUPPORTED_HEAD_DIMS:
+            short = Case.of(**{**case.params, "batch": 1, "heads": 1, "seq": min(case["seq"], 4 * case["chunk"])})
+            inputs = self.inputs(short, torch.Generator().manual_seed(0), device)
+            call_as_timed(lsh_attention, inputs, self.grad_inputs(short) if backward else ())
+            torch.cuda.synchronize()
+        if case["head_dim"] not in FLASH_HEAD_DIMS:
             return
         x = torch.zeros((1, 1, case["seq"], case["head_dim"]), device=device, dtype=case.dtype)
         failed = flash_precompile(x, x, bool(_spec(case).causal), backward=backward, shard=shard)

@@ -29,7 +29,7 @@ from microscope_kernels.lsh_attention.reference import full_attention, lsh_atten
 from microscope_kernels.lsh_attention.sorting import bucket_counts, permute, sort_by_bucket, unpermute
 from microscope_kernels.lsh_attention.visibility import LSHSpec, key_intervals, scored_pairs, visible_mask
 
-from microscope.api import Case
+from microscope.api import Case, call_as_timed
 from microscope.workloads import EagerAttention, ModelConfig, build_model
 from microscope.workloads.checks import future_leak
 
@@ -454,3 +454,27 @@ def test_model_with_lsh_is_causal_safe_and_decodes_like_its_prefill(seed):
         ref = full(tokens)
         use_lsh_attention(full, n_buckets=1, n_hashes=1, window=20)
         torch.testing.assert_close(full(tokens), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(causal, seed):
+    """The plugin's precompile runs the kernels once on a short sequence; a call at the case's own length
+    then builds nothing (their integer arguments are not specialized, so the binaries are shared)."""
+    from triton import knobs
+
+    plugin = LSHAttentionAblation()
+    case = Case.of(batch=2, heads=4, seq=2048, head_dim=64, n_buckets=16, n_hashes=2, chunk=128, rule="chunk",
+                   causal=causal, data="random", dtype="bf16")
+    plugin.precompile(case, "cuda", (3, 4), True)
+    inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), "cuda")
+    builds = []
+    saved = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
+    try:
+        out = call_as_timed(lsh_attention, inputs, ("q", "k", "v"))
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = saved
+    assert builds == []
+    assert torch.isfinite(out).all()
