@@ -34,7 +34,7 @@ from microscope_kernels.linear_attention.reference import (
     linformer_projections,
 )
 
-from microscope.api import Case
+from microscope.api import Case, call_as_timed
 from microscope.workloads import EagerAttention, ModelConfig, build_model
 from microscope.workloads.checks import future_leak
 
@@ -397,3 +397,31 @@ def test_linear_arms_are_causal_and_decode_like_their_prefill(seed, patch):
         full = model(tokens)
         _, cache = model.prefill(tokens[:, :-1])
         torch.testing.assert_close(model.decode_step(tokens[:, -1], cache), full[:, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature_map", ["performer", "cosformer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(feature_map, causal, seed):
+    """The plugin's precompile runs the chunked kernels once on a two-chunk sequence and builds the flash_attn
+    peer's candidates; calls at the case's own length then build nothing."""
+    from microscope_kernels.linear_attention.peers import flash_attn_softmax
+    from triton import knobs
+
+    plugin = LinearAttention()
+    case = Case.of(batch=1, heads=4, seq=2048, head_dim=64, features=128, feature_map=feature_map, causal=causal,
+                   chunk=64, dtype="bf16")
+    for index in range(4):
+        plugin.precompile(case, "cuda", (index, 4), True)
+    inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), "cuda")
+    builds = []
+    saved = knobs.compilation.listener
+    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
+    try:
+        out = call_as_timed(triton_linear_attention, inputs, ("q", "k", "v"))
+        call_as_timed(flash_attn_softmax, inputs, ("q", "k", "v"))
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = saved
+    assert builds == []
+    assert torch.isfinite(out).all()
