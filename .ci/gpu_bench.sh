@@ -73,6 +73,13 @@ find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -
 tar czf "$OUT/consoles.tgz" ./*.txt
 # where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)
 grep -h "leak\|fresh worker" runs/*/workers/worker-*.log runs/*/groups.jsonl 2>/dev/null | cut -c1-600 | head -20
+# per run: Triton builds its workers made themselves (what a precompile step missed) and binaries they loaded
+builds=$(for run in runs/*/; do
+  awk -v run="$(basename "$run")" 'match($0, / triton .*: compiled, [0-9]+ ms/) {n++; split(substr($0, RSTART), f, "compiled, "); ms += f[2]}
+    / triton .*: disk cache, / {hits++}
+    END {printf "%-48s %3d builds in the worker (%.1f s), %3d from the disk cache\n", run, n, ms / 1000, hits}' \
+    "$run"workers/worker-*.log 2>/dev/null
+done)
 for f in ./*.txt; do echo "== $f"; grep -v "^ *$" "$f" | head -40; done
 cd "$OUT" && rm -rf "$WORK"
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+printf '%s\n' "${summary[@]}" "$builds" | tee "$OUT/summary.txt"
