@@ -319,4 +319,9 @@ def early_worker(config: Path, executor: str | None) -> Worker | None:
         text = config.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    return None if _OTHER_EXECUTOR.search(text) else Worker.early()
+    if _OTHER_EXECUTOR.search(text):
+        return None
+    try:
+        return Worker.early()
+    except OSError:  # no process could be started here: the executor tries again, and reports it, when it needs one
+        return None
