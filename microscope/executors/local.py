@@ -70,6 +70,10 @@ class Worker:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
         try:
             self.proc.start()
+        except OSError:
+            if spec is None:
+                self.log.unlink(missing_ok=True)
+            raise
         finally:
             if gpu is not None:
                 if saved is None:
