@@ -11,11 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
 from microscope import __version__, baseline_command, bytecode_cache, calibrate, history_command, regress
+
+if TYPE_CHECKING:
+    from microscope.executors.local import Worker
 
 EXIT_CODES = """exit codes:
   0  every gated comparison holds (the config's gate: section; skipped peers are fine)
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None, *, early_worker: bool = False) -> int:
             early.discard()
 
 
-def _dispatch(args: argparse.Namespace, console: Console, err: Console, early) -> int:  # noqa: ANN001 - a Worker
+def _dispatch(args: argparse.Namespace, console: Console, err: Console, early: Worker | None) -> int:
     from microscope import commands  # imported late: the device must be chosen before plugins load
 
     try:
