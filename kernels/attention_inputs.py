@@ -1,13 +1,14 @@
 """What the attention rooms (flash_attn and the catalogue's sliding-window, LSH, linear and axial rooms) hold
-in common: the output tolerance of an fp32-accumulating attention, and the checks of q, k, v's layout."""
+in common: the output tolerance of an fp32-accumulating attention, the checks of q, k, v's layout, and
+their precompile steps' helpers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from microscope.api import Tolerance
+from microscope.api import Ablation, Case, Tolerance, call_as_timed
 
 #: Per dtype: the output and gradient rule of an attention that accumulates in fp32 (``ref_factor``: at
 #: most 4x the eager baseline's own error against the float64 truth).
@@ -34,3 +35,21 @@ def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head
                          f"{v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+
+
+def require_compiled(failed: Sequence[tuple[str, str, str]]) -> None:
+    """Raise on the (kernel, config, error) candidates a precompile step could not compile: the run reports
+    the first, and compiles the rest on first use."""
+    if failed:
+        kernel, config, error = failed[0]
+        raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {kernel} {config}: {error}")
+
+
+def warm_short_call(plugin: Ablation, case: Case, fn: Callable[..., object], seq: int, device: str,
+                    backward: bool) -> None:
+    """One call of ``fn`` (with its backward where ``backward``) on ``case`` cut to batch 1, one head and
+    ``seq`` tokens: it builds the binaries of the case itself for kernels whose lengths are not specialized."""
+    short = Case.of(**{**case.params, "batch": 1, "heads": 1, "seq": seq})
+    inputs = plugin.inputs(short, torch.Generator().manual_seed(0), device)
+    call_as_timed(fn, inputs, plugin.grad_inputs(short) if backward else ())
+    torch.cuda.synchronize()

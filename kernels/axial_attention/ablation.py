@@ -13,7 +13,7 @@ speed-only peers (``checked=False``: timed in the same rounds, accuracy skipped)
 from __future__ import annotations
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
 from microscope.api import Ablation, Case, baseline, candidate, grid, peer, randn, register
@@ -95,9 +95,7 @@ class AxialAttention(Ablation):
         for length, part in lengths.items():
             x = torch.zeros((1, 1, length, head_dim), device=device, dtype=case.dtype)
             failed += flash_precompile(x, x, bool(case["causal"]), backward=backward, shard=part)
-        if failed:
-            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
-                               f"{failed[0][2]}")
+        require_compiled(failed)
 
     def flops(self, case: Case, backward: bool = False) -> float:
         """4*B*H*D per scored (query, key) pair of the two passes (QK^T and PV, 2 FLOPs per multiply-add):

@@ -11,7 +11,7 @@ query: chunked prefill, so the key length is ``seq + kv_prefix``), ``head_dim``,
 from __future__ import annotations
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled
 
 from microscope.api import (
     Ablation,
@@ -125,9 +125,7 @@ class FlashAttention(Ablation):
             _warm_compiled_peer(case, device, grads)
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(q, k, case["causal"], backward=backward, shard=after)
-        if failed:
-            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
-                               f"{failed[0][2]}")
+        require_compiled(failed)
 
     def flops(self, case: Case, backward: bool = False) -> float:
         """4*B*H*D per visible (query, key) pair: QK^T and PV, 2 FLOPs per multiply-add.

@@ -18,22 +18,10 @@ its softmax attention (``model.py``); Linformer cannot be an arm of a causal LM 
 from __future__ import annotations
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, warm_short_call
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
-from microscope.api import (
-    Ablation,
-    Arm,
-    Case,
-    Role,
-    baseline,
-    call_as_timed,
-    candidate,
-    grid,
-    peer,
-    randn,
-    register,
-)
+from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
 
 from .attention import eager_linear_attention, triton_linear_attention
 from .features import FEATURE_MAPS, orthogonal_projection
@@ -160,16 +148,11 @@ class LinearAttention(Ablation):
         if device != "cuda":
             return
         if shard[0] == shard[1] - 1 and _triton_supports(case, device) is None:
-            short = Case.of(**{**case.params, "batch": 1, "heads": 1, "seq": min(case["seq"], 2 * case["chunk"])})
-            inputs = self.inputs(short, torch.Generator().manual_seed(0), device)
-            call_as_timed(triton_linear_attention, inputs, self.grad_inputs(short) if backward else ())
-            torch.cuda.synchronize()
+            warm_short_call(self, case, triton_linear_attention, min(case["seq"], 2 * case["chunk"]), device, backward)
         if softmax_supports("flash_attn")(case, device) is None:
             x = torch.zeros((1, 1, case["seq"], case["head_dim"]), device=device, dtype=case.dtype)
             failed = flash_precompile(x, x, bool(case["causal"]), backward=backward, shard=shard)
-            if failed:
-                raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} "
-                                   f"{failed[0][1]}: {failed[0][2]}")
+            require_compiled(failed)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         check_case(case)

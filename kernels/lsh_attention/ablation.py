@@ -24,24 +24,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, warm_short_call
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
-from microscope.api import (
-    Ablation,
-    Arm,
-    Case,
-    Figure,
-    Role,
-    baseline,
-    call_as_timed,
-    candidate,
-    grid,
-    peer,
-    randn,
-    register,
-)
+from microscope.api import Ablation, Arm, Case, Figure, Role, baseline, candidate, grid, peer, randn, register
 
 from .hashing import draw_rotations
 from .kernel import SUPPORTED_HEAD_DIMS, lsh_attention
@@ -141,17 +128,12 @@ class LSHAttentionAblation(Ablation):
         if device != "cuda":
             return
         if shard[0] == shard[1] - 1 and case["head_dim"] in SUPPORTED_HEAD_DIMS:
-            short = Case.of(**{**case.params, "batch": 1, "heads": 1, "seq": min(case["seq"], 4 * case["chunk"])})
-            inputs = self.inputs(short, torch.Generator().manual_seed(0), device)
-            call_as_timed(lsh_attention, inputs, self.grad_inputs(short) if backward else ())
-            torch.cuda.synchronize()
+            warm_short_call(self, case, lsh_attention, min(case["seq"], 4 * case["chunk"]), device, backward)
         if case["head_dim"] not in FLASH_HEAD_DIMS:
             return
         x = torch.zeros((1, 1, case["seq"], case["head_dim"]), device=device, dtype=case.dtype)
         failed = flash_precompile(x, x, bool(_spec(case).causal), backward=backward, shard=shard)
-        if failed:
-            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
-                               f"{failed[0][2]}")
+        require_compiled(failed)
 
     def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
         spec = _spec(case)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled
 
 from microscope.api import (
     Ablation,
@@ -162,9 +162,7 @@ class SlidingWindowAttention(Ablation):
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(case.dtype, case["head_dim"], spec.block, case["random_blocks"] > 0, spec.causal,
                                     device, backward=backward, shard=after)
-        if failed:
-            raise RuntimeError(f"{len(failed)} candidate(s) did not compile, first {failed[0][0]} {failed[0][1]}: "
-                               f"{failed[0][2]}")
+        require_compiled(failed)
 
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
         """The baseline's math on float64 copies, a slice of query rows at a time, so that the truth of a

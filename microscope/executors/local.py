@@ -180,7 +180,6 @@ class LocalExecutor:
         if self._early is not None:
             worker, self._early = self._early, None
             worker.assign(self.spec, self._started, self.log_dir, gpu, warm)
-            worker.adopted = True
         else:
             worker = Worker(self.spec, self._started, self.log_dir, gpu, warm)
         self._started += 1

@@ -478,3 +478,25 @@ def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(causal, se
         knobs.compilation.listener = saved
     assert builds == []
     assert torch.isfinite(out).all()
+
+
+def test_a_short_warm_call_runs_the_case_cut_to_one_head_and_the_given_length_and_failures_are_raised(monkeypatch):
+    """``attention_inputs.warm_short_call`` (the LSH and linear rooms' precompile): one call with its backward
+    on batch 1, head 1 and the given length, the case's other parameters kept; ``require_compiled`` names the
+    first candidate that did not compile."""
+    from microscope_kernels.attention_inputs import require_compiled, warm_short_call
+
+    seen = []
+
+    def recording(q, k, v, **kw):
+        seen.append((tuple(q.shape), q.requires_grad, kw["chunk"]))
+        return lsh_attention(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **kw: None)
+    case = Case.of(batch=2, heads=4, seq=2048, head_dim=64, n_buckets=16, n_hashes=2, chunk=128, rule="chunk",
+                   causal=True, data="random", dtype="fp32")
+    warm_short_call(LSHAttentionAblation(), case, recording, 512, "cpu", True)
+    assert seen == [((1, 1, 512, 64), True, 128)]
+    require_compiled([])
+    with pytest.raises(RuntimeError, match="2 candidate\\(s\\) did not compile, first k BLOCK_M: 64: ptxas"):
+        require_compiled([("k", "BLOCK_M: 64", "ptxas"), ("k", "BLOCK_M: 128", "ptxas")])
