@@ -541,7 +541,7 @@ def precompile(m: int, n: int, dtype: torch.dtype, approximate: str, eps: float,
                shard: tuple[int, int] = (0, 1)) -> None:
     """Build, without launching, shard ``shard[0]`` of ``shard[1]`` of ``compile_jobs`` (job ``i`` where
     ``i % shard[1] == shard[0]``): a run's precompile processes build them side by side, where the first
-    call built them one by one (~5.5 s a case in the H200 bench profile)."""
+    call built them one by one (4.4-5.5 s a case in the H200 bench profile)."""
     if interpreting():
         return
     index, count = shard

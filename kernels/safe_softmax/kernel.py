@@ -220,7 +220,7 @@ def compile_jobs(m: int, n: int, dtype: torch.dtype, backward: bool,
 def precompile(m: int, n: int, dtype: torch.dtype, backward: bool, shard: tuple[int, int] = (0, 1)) -> None:
     """Compile, without launching, shard ``shard[0]`` of ``shard[1]`` of ``compile_jobs`` (candidate ``i``
     where ``i % shard[1] == shard[0]``): a run's precompile processes compile them side by side, where the
-    first call compiled them one by one (110 kernels, 32 s of the H200 bench profile's 44 s)."""
+    first call compiled them one by one (110 kernels, 20 s of the H200 bench profile's 44.5 s runner)."""
     if interpreting():
         return
     index, count = shard
