@@ -147,7 +147,7 @@ def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
     """A small dict for every record: commit, branch, versions, device, machine, config hash."""
     import torch
 
-    from microscope.device import device_name
+    from microscope.device import device_name, gpu_facts
 
     env: dict[str, Any] = {
         "commit": git_commit(),
@@ -162,8 +162,8 @@ def capture(device: str, interpreted: bool, cfg_hash: str) -> dict[str, Any]:
     }
     if device == "cuda":
         env["cuda"] = torch.version.cuda
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-        env["gpu_memory_bytes"] = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        env["capability"] = gpu_facts().capability
+        env["gpu_memory_bytes"] = gpu_facts().memory_bytes
         env["gpu_driver"] = gpu_driver()
     env["cpu_model"] = cpu_model()  # launch-bound kernels time the host too
     # the SIMD level torch's CPU kernels dispatch to: it changes the last bits of CPU results

@@ -173,6 +173,7 @@ class RunBase:
         config_text: str = "",
         run_id: str | None = None,
         on_progress: Callable[[str], None] | None = None,
+        env: dict[str, Any] | None = None,
     ) -> None:
         self.plugin = plugin
         self.config = config
@@ -180,7 +181,9 @@ class RunBase:
         self.interpreted = interpreted
         self.run_id = run_id or new_run_id(plugin.name)
         self.out_dir = Path(out_root) / self.run_id
-        self.env = envmod.capture(device, interpreted, envmod.config_hash(config_text or repr(config)))
+        #: ``env``: the parent's, for a runner rebuilt in a worker (one environment per run)
+        self.env = dict(env) if env is not None else envmod.capture(
+            device, interpreted, envmod.config_hash(config_text or repr(config)))
         self.on_progress = on_progress or (lambda _msg: None)
         #: detail for a worker's log only (never a progress step): where a slow case spends its time
         self.log: Callable[[str], None] = lambda _msg: None

@@ -74,10 +74,8 @@ class RunSpec:
                                                text=text)
         model_level = cfgmod.effective_level(config, plugin) == "model"
         cls = ModelRunner if model_level else Runner
-        runner = cls(plugin, config, device=self.device, interpreted=interpreted, out_root=Path(self.out_root),
-                     config_text=text, run_id=self.run_id)
-        runner.env = dict(self.env)
-        return runner
+        return cls(plugin, config, device=self.device, interpreted=interpreted, out_root=Path(self.out_root),
+                   config_text=text, run_id=self.run_id, env=self.env)
 
 
 def warm_gpu_libraries() -> None:

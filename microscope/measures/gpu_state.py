@@ -27,16 +27,26 @@ def throttle_words(mask: int) -> list[str]:
 
 
 class GpuSampler:
-    """Reads one GPU's state; ``sample()`` is cheap (a few NVML calls) and never raises."""
+    """Reads one GPU's state; ``sample()`` is cheap (a few NVML calls) and never raises.
+
+    NVML opens at the first sample: the process that builds a runner only to plan a run never samples, and
+    asking torch for its current device there would start CUDA in it for nothing.
+    """
 
     def __init__(self, index: int | None = None) -> None:
+        self._index = index
         self._nvml: Any = None
         self._handle: Any = None
+        self._opened = False
+
+    def _open(self) -> None:
+        self._opened = True
         try:
             import pynvml  # type: ignore[import-not-found]
             import torch
 
             pynvml.nvmlInit()
+            index = self._index
             if index is None:
                 index = torch.cuda.current_device() if torch.cuda.is_available() else 0
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -46,6 +56,8 @@ class GpuSampler:
 
     @property
     def available(self) -> bool:
+        if not self._opened:
+            self._open()
         return self._nvml is not None
 
     def _reasons(self) -> int:
@@ -56,7 +68,7 @@ class GpuSampler:
 
     def sample(self) -> dict[str, Any] | None:
         """``{"sm_mhz", "power_w", "temp_c", "throttle": [...]}`` now, or None where NVML does not answer."""
-        if self._nvml is None:
+        if not self.available:
             return None
         nvml, handle = self._nvml, self._handle
         try:
