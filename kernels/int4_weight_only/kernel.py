@@ -13,6 +13,11 @@ programs that add their partial sums into a float32 buffer (``SPLIT_K``; atomics
 a sum depend on the order the programs finish), at the price of zeroing it and casting it. On a GPU the
 tile sizes, pipeline depth, warps and split are autotuned per shape, and whether to split at all is
 decided by timing both whole calls once.
+
+Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
+tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
+writes the dequantized weight in x's dtype once per call followed by the vendor GEMM (``F.linear``), and
+the faster whole call is kept per shape.
 """
 
 from __future__ import annotations
@@ -89,6 +94,54 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
         tl.atomic_add(C + rm[:, None] * stride_cm + rn[None, :], acc, mask=mask, sem="relaxed")
 
 
+@triton.jit
+def _int4_dequant_kernel(P, S, Z, W, N, K, KP, GROUPS, stride_pn, stride_wn, GROUP: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W = (q - zero) * scale in float32, stored in W's dtype: the reference's ``dequantize``, bit for bit.
+    BLOCK_K spans whole groups, so each row of a tile takes BLOCK_K / GROUP scales and zero points."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    rows = rn[:, None] < N
+    packed = tl.load(P + rn[:, None] * stride_pn + j[None, :], mask=rows & (j[None, :] < KP // 2), other=0)
+    # (BLOCK_N, BLOCK_K / 2) bytes -> (BLOCK_N, BLOCK_K) values, low nibble first: column order
+    q = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, BLOCK_K)).to(tl.float32)
+    g = pid_k * (BLOCK_K // GROUP) + tl.arange(0, BLOCK_K // GROUP)
+    where = rn[:, None] * GROUPS + g[None, :]
+    in_k = rows & (g[None, :] < GROUPS)
+    scale = tl.load(S + where, mask=in_k, other=0.0)
+    zero = tl.load(Z + where, mask=in_k, other=0.0)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)), (BLOCK_N, BLOCK_K))
+    zero = tl.reshape(tl.broadcast_to(zero[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)), (BLOCK_N, BLOCK_K))
+    w = (q - zero) * scale
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(W + rn[:, None] * stride_wn + rk[None, :], w.to(W.dtype.element_ty), mask=rows & (rk[None, :] < K))
+
+
+#: The dequantizing kernel's tile: 32 output channels by 256 columns (8 to 2 groups), 4 warps.
+DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 32, 256
+
+
+def _dequant_args(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, out: torch.Tensor,
+                  n: int, k: int, group: int) -> tuple[tuple, dict, tuple[int, int]]:
+    """The dequantizing kernel's arguments, constants and grid for an (n, k) weight in groups of ``group``."""
+    kp = weight_packed.shape[1] * 2
+    block_k = max(DEQUANT_BLOCK_K, group)
+    args = (weight_packed, scale, zero, out, n, k, kp, scale.shape[1], weight_packed.stride(0), out.stride(0))
+    return args, {"GROUP": group, "BLOCK_N": DEQUANT_BLOCK_N, "BLOCK_K": block_k}, (
+        triton.cdiv(n, DEQUANT_BLOCK_N), triton.cdiv(kp, block_k))
+
+
+def dequantize_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The (N, K) weight in ``dtype``, written by one Triton kernel: equal to ``reference.dequantize``."""
+    out = torch.empty((weight.n, weight.k), device=weight.packed.device, dtype=dtype)
+    if weight.n and weight.k:
+        args, consts, grid = _dequant_args(weight.packed, weight.scale, weight.zero, out, weight.n, weight.k,
+                                           weight.group)
+        _int4_dequant_kernel[grid](*args, **consts, num_warps=4)
+    return out
+
+
 #: Rows up to this count take the decode path (split K, float32 buffer); more, the prefill path.
 DECODE_ROWS = 64
 
@@ -131,15 +184,15 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 _KEY = ["M_BUCKET", "N", "K", "GROUP"]
 _PRUNE = {"early_config_prune": _prune}
 #: Decode in two paths: one program per output tile writing x's dtype (one launch), or K split over
-#: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``_decode_path`` times both.
+#: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``_fastest`` times both.
 _DECODE_DIRECT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] == 1], key=_KEY,
                                  do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
 _DECODE_SPLIT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] > 1], key=_KEY, reset_to_zero=["C"],
                                 do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
 _PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate, prune_configs_by=_PRUNE)(
     _int4_gemm_kernel)
-#: (rows bucket, N, K, group, dtype, bias) -> whether the split path was the faster one on this GPU.
-_SPLIT_WINS: dict[tuple, bool] = {}
+#: (rows bucket, N, K, group, dtype, bias) -> the path whose whole call was the faster on this GPU.
+_FASTEST: dict[tuple, str] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
 #: down, a split of K so the split path is exercised on CPU too.
 _INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
@@ -159,7 +212,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     decode = m <= DECODE_ROWS
     flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None, "IEEE": x.dtype == torch.float32}
 
-    def launch(split: bool) -> torch.Tensor:
+    def fused(split: bool) -> torch.Tensor:
         # the split path adds into a zeroed float32 buffer, cast to x's dtype after
         out = (torch.zeros((m, n), device=x.device, dtype=torch.float32) if split
                else torch.empty((m, n), device=x.device, dtype=x.dtype))
@@ -181,24 +234,24 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
             tuner[grid](*args, **flags, INTERPRET=False)
         return out.to(x.dtype)
 
+    paths = {"split": lambda: fused(True), "direct": lambda: fused(False)} if decode else {
+        "fused": lambda: fused(False),
+        "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x.dtype), bias)}
     key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
-    if not decode:
-        split = False
-    elif interpreting():
-        split = _SPLIT_WINS.get(key, True)  # not timed under the interpreter: the split path unless set
+    if interpreting():  # not timed under the interpreter: the first path unless set
+        path = _FASTEST.get(key, next(iter(paths)))
     else:
-        split = _decode_path(key, launch)
-    return launch(split).reshape(*lead, n)
+        path = _fastest(key, paths)
+    return paths[path]().reshape(*lead, n)
 
 
-def _decode_path(key: tuple, launch) -> bool:  # noqa: ANN001 - launch(split) -> output
-    """Whether the split-K path beats the direct one for this shape on this GPU, each autotuned and timed
-    once as a whole call (the split path's zeroing and cast included); remembered for the process."""
-    if key not in _SPLIT_WINS:
-        direct = triton.testing.do_bench(lambda: launch(False), warmup=5, rep=20)
-        split = triton.testing.do_bench(lambda: launch(True), warmup=5, rep=20)
-        _SPLIT_WINS[key] = split < direct
-    return _SPLIT_WINS[key]
+def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call returning the output
+    """The path whose whole call (zeroing, casts and second kernels included) is the fastest for this shape
+    on this GPU, each autotuned then timed once; remembered for the process."""
+    if key not in _FASTEST:
+        times = {name: triton.testing.do_bench(call, warmup=5, rep=20) for name, call in paths.items()}
+        _FASTEST[key] = min(times, key=times.__getitem__)
+    return _FASTEST[key]
 
 
 def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias: bool,
@@ -225,3 +278,7 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
     index, count = shard
     for tuner, args, cfg in jobs[index::count]:
         tuner.fn.warmup(*args, grid=(1,), **flags, **cfg.all_kwargs())
+    if not decode and index == count - 1:  # the prefill path's second kernel (the last shard has the fewest jobs)
+        out = torch.empty((1, k), device=device, dtype=dtype)  # its row stride is the call's (k)
+        args, consts, _ = _dequant_args(packed, scale, scale, out, n, k, group)
+        _int4_dequant_kernel.warmup(*args, **consts, grid=(1,), num_warps=4)

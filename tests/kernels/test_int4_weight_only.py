@@ -10,7 +10,8 @@ import pytest
 import torch
 import triton
 from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
-from microscope_kernels.int4_weight_only.kernel import _SPLIT_WINS, _configs, _prune, fits, int4_linear
+from microscope_kernels.int4_weight_only.kernel import (_FASTEST, _configs, _prune, dequantize_triton, fits,
+                                                        int4_linear)
 from microscope_kernels.int4_weight_only.reference import (
     GROUPS,
     dequantize,
@@ -21,7 +22,7 @@ from microscope_kernels.int4_weight_only.reference import (
 )
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
-from microscope.api import Role
+from microscope.api import Role, interpreting
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -93,11 +94,47 @@ def test_both_decode_paths_give_the_product_with_the_dequantized_weight(m, n, k,
     eps = torch.finfo(dtype).eps
     scale = float(want.abs().max().clamp_min(1))
     key = (triton.next_power_of_2(m), n, k, group, dtype, False)
-    for split in (False, True):
-        monkeypatch.setitem(_SPLIT_WINS, key, split)  # the path a GPU would have timed as the faster
+    for path in ("direct", "split"):
+        monkeypatch.setitem(_FASTEST, key, path)  # the path a GPU would have timed as the faster
         got = int4_linear(x, q4).double()
         assert got.dtype == torch.float64 and got.shape == (m, n)
-        assert torch.allclose(got, want, rtol=2 * eps, atol=4 * eps * scale), (split, float((got - want).abs().max()))
+        assert torch.allclose(got, want, rtol=2 * eps, atol=4 * eps * scale), (path, float((got - want).abs().max()))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("n", "k", "group"), [(1, 1, 32), (33, 300, 32), (70, 513, 64), (40, 1000, 128),
+                                               (37, 256, 128)], ids=str)
+def test_the_dequantizing_kernel_writes_the_reference_weight_bit_for_bit(n, k, group, dtype, seed):
+    """K a multiple of no group and of no tile, N of no tile; zero and constant groups included."""
+    w = _randn((n, k), seed, scale=k**-0.5)
+    w[0, : min(k, group)] = 0.0
+    w[-1, -min(k, group):] = 0.25
+    q4 = quantize_int4(w, group)
+    got = dequantize_triton(q4, dtype)
+    if dtype == torch.bfloat16 and interpreting():  # the interpreter casts to bf16 toward zero, not to nearest
+        exact = dequantize(q4)
+        assert bool(((got.float() - exact).abs() <= torch.finfo(dtype).eps * exact.abs()).all())
+    else:
+        assert torch.equal(got, dequantize(q4, dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k", "group"), [(65, 33, 300, 32), (70, 48, 256, 128)], ids=str)
+def test_both_prefill_paths_give_the_product_with_the_dequantized_weight(m, n, k, group, dtype, seed, monkeypatch):
+    """The fused GEMM (dequantized in registers) and the dequantize-then-F.linear path, with a bias."""
+    x = _randn((m, k), seed, dtype)
+    q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
+    bias = _randn((n,), seed + 2, dtype)
+    want = x.double() @ dequantize(q4, dtype).double().t() + bias.double()
+    eps = torch.finfo(dtype).eps
+    scale = float(want.abs().max().clamp_min(1))
+    key = (triton.next_power_of_2(m), n, k, group, dtype, True)
+    for path in ("fused", "dequant"):
+        monkeypatch.setitem(_FASTEST, key, path)
+        got = int4_linear(x, q4, bias)
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert torch.allclose(got.double(), want, rtol=2 * eps, atol=4 * eps * scale), (
+            path, float((got.double() - want).abs().max()))
 
 
 def test_leading_batch_dims_and_empty_inputs(seed):
