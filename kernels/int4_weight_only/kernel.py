@@ -14,6 +14,12 @@ a sum depend on the order the programs finish), at the price of zeroing it and c
 tile sizes, pipeline depth, warps and split are autotuned per shape, and whether to split at all is
 decided by timing both whole calls once.
 
+One- to four-row calls in bf16/fp16 have a third path that uses no tensor cores: each program takes one
+row of x and a tile of output channels, multiplies the low nibbles with x's even columns and the high
+ones with its odd columns (no interleaving), sums each group's products, and applies the group's scale
+and zero point once per group, ``scale * (sum(q * x) - zero * sum(x))``: about three operations per
+weight where dequantizing every element takes five, and no tile is rearranged for a matrix unit.
+
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
 writes the dequantized weight in x's dtype once per call followed by the vendor GEMM (``F.linear``), and
@@ -21,6 +27,8 @@ the faster whole call is kept per shape.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import triton
@@ -95,6 +103,45 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
 
 
 @triton.jit
+def _int4_vector_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_pn, stride_cm, M_BUCKET,
+                        GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    """C[m] = dequant(P) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, groups factored
+    out: BLOCK_K spans BLOCK_K / GROUP whole groups, loaded as (channels, groups, bytes of a group)."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    G: tl.constexpr = BLOCK_K // GROUP
+    H: tl.constexpr = GROUP // 2
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rg = tl.arange(0, G)
+    rh = tl.arange(0, H)
+    rows = rn[:, None] < N
+    tiles = KP // BLOCK_K
+    per_split = tl.cdiv(tiles, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, tiles)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for t in range(first, last):
+        g = t * G + rg
+        byte = g[:, None] * H + rh[None, :]  # (G, H): the tile's bytes in a row, column 2 * byte and 2 * byte + 1
+        packed = tl.load(P + rn[:, None, None] * stride_pn + byte[None, :, :], mask=rows[:, :, None], other=0)
+        x_even = tl.load(X + pid_m * stride_xm + 2 * byte, mask=2 * byte < K, other=0.0).to(tl.float32)
+        x_odd = tl.load(X + pid_m * stride_xm + 2 * byte + 1, mask=2 * byte + 1 < K, other=0.0).to(tl.float32)
+        qx = tl.sum((packed & 0xF).to(tl.float32) * x_even[None, :, :]
+                    + (packed >> 4).to(tl.float32) * x_odd[None, :, :], axis=2)  # (BLOCK_N, G)
+        x_sum = tl.sum(x_even + x_odd, axis=1)  # (G,)
+        scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
+        zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
+        acc += tl.sum(scale * (qx - zero * x_sum[None, :]), axis=1)
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
+    if SPLIT_K == 1:
+        tl.store(C + pid_m * stride_cm + rn, acc.to(C.dtype.element_ty), mask=rn < N)
+    else:
+        tl.atomic_add(C + pid_m * stride_cm + rn, acc, mask=rn < N, sem="relaxed")
+
+
+@triton.jit
 def _int4_dequant_kernel(P, S, Z, W, N, K, KP, GROUPS, stride_pn, stride_wn, GROUP: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """W = (q - zero) * scale in float32, stored in W's dtype: the reference's ``dequantize``, bit for bit.
@@ -162,6 +209,17 @@ def _configs(decode: bool) -> list[triton.Config]:
                           num_warps=warps) for bm, bn, bk, split, stages, warps in shapes]
 
 
+#: Rows up to this count (bf16/fp16) also time the vector path: one program per row re-reads the weight.
+VECTOR_ROWS = 4
+
+
+def _vector_configs() -> list[triton.Config]:
+    """The vector path's candidates: channels per program, K per tile (whole groups: one group-wide tile for
+    every group, so some candidate fits any K), splits of K."""
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_stages=3, num_warps=4)
+            for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512) for split in (1, 4, 8) if bn * bk <= 16384]
+
+
 def _bench_candidate(kernel_call, quantiles):  # noqa: ANN001, ANN202 - triton's autotuner hook
     """Autotuning timer: a 20 ms median tells the candidates of a microsecond kernel apart."""
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
@@ -181,6 +239,11 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
             and (c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"])]
 
 
+def _prune_vector(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The vector path's tiles span whole groups (``_prune`` for the rest)."""
+    return _prune([c for c in configs if c.kwargs["BLOCK_K"] % kwargs["GROUP"] == 0], named_args, **kwargs)
+
+
 _KEY = ["M_BUCKET", "N", "K", "GROUP"]
 _PRUNE = {"early_config_prune": _prune}
 #: Decode in two paths: one program per output tile writing x's dtype (one launch), or K split over
@@ -191,6 +254,12 @@ _DECODE_SPLIT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"
                                 do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
 _PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate, prune_configs_by=_PRUNE)(
     _int4_gemm_kernel)
+_VECTOR_DIRECT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLIT_K"] == 1], key=_KEY,
+                                 do_bench=_bench_candidate, prune_configs_by={"early_config_prune": _prune_vector})(
+    _int4_vector_kernel)
+_VECTOR_SPLIT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLIT_K"] > 1], key=_KEY,
+                                reset_to_zero=["C"], do_bench=_bench_candidate,
+                                prune_configs_by={"early_config_prune": _prune_vector})(_int4_vector_kernel)
 #: (rows bucket, N, K, group, dtype, bias) -> the path whose whole call was the faster on this GPU.
 _FASTEST: dict[tuple, str] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
@@ -208,35 +277,15 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     m, n = x2.shape[0], weight.n
     if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    kp = weight.packed.shape[1] * 2
-    decode = m <= DECODE_ROWS
-    flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None, "IEEE": x.dtype == torch.float32}
-
-    def fused(split: bool) -> torch.Tensor:
-        # the split path adds into a zeroed float32 buffer, cast to x's dtype after
-        out = (torch.zeros((m, n), device=x.device, dtype=torch.float32) if split
-               else torch.empty((m, n), device=x.device, dtype=x.dtype))
-        args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
-                n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
-                triton.next_power_of_2(m))
-        if interpreting():
-            # group 32: tiles of two groups where K allows, so that path is interpreted too
-            two_groups = weight.group < 64 and kp % (2 * weight.group) == 0
-            cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
-                   "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
-            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-            _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
-        else:
-            def grid(meta: dict) -> tuple[int, int, int]:
-                return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
-
-            tuner = (_DECODE_SPLIT if split else _DECODE_DIRECT) if decode else _PREFILL
-            tuner[grid](*args, **flags, INTERPRET=False)
-        return out.to(x.dtype)
-
-    paths = {"split": lambda: fused(True), "direct": lambda: fused(False)} if decode else {
-        "fused": lambda: fused(False),
-        "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x.dtype), bias)}
+    if m > DECODE_ROWS:
+        paths = {"fused": lambda: _gemm(x2, weight, bias, vector=False, split=False),
+                 "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x.dtype), bias)}
+    else:
+        paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True),
+                 "direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
+        if m <= VECTOR_ROWS and x.dtype != torch.float32:  # float32 keeps the reference's per-element weight
+            paths["vector"] = lambda: _gemm(x2, weight, bias, vector=True, split=False)
+            paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
     key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
     if interpreting():  # not timed under the interpreter: the first path unless set
         path = _FASTEST.get(key, next(iter(paths)))
@@ -245,11 +294,60 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     return paths[path]().reshape(*lead, n)
 
 
+def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool,
+          split: bool) -> torch.Tensor:
+    """One launch of the tensor-core GEMM (``vector`` False) or the vector kernel, autotuned on a GPU; the
+    split path adds into a zeroed float32 buffer, cast to x's dtype after."""
+    m, n = x2.shape[0], weight.n
+    kp = weight.packed.shape[1] * 2
+    out = (torch.zeros((m, n), device=x2.device, dtype=torch.float32) if split
+           else torch.empty((m, n), device=x2.device, dtype=x2.dtype))
+    args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
+            n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
+            triton.next_power_of_2(m))
+    flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None}
+    if not vector:
+        flags["IEEE"] = x2.dtype == torch.float32
+    if interpreting():
+        # group 32: tiles of two groups where K allows, so that path is interpreted too
+        two_groups = weight.group < 64 and kp % (2 * weight.group) == 0
+        cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
+               "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
+        if vector:
+            del cfg["BLOCK_M"]
+            cfg["BLOCK_K"] = 2 * weight.group if kp % (2 * weight.group) == 0 else weight.group
+            _int4_vector_kernel[(m, triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])](*args, **flags, **cfg)
+        else:
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
+            _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
+    else:
+        def grid(meta: dict) -> tuple[int, int, int]:
+            rows = m if vector else triton.cdiv(m, meta["BLOCK_M"])
+            return rows, triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
+
+        if vector:
+            (_VECTOR_SPLIT if split else _VECTOR_DIRECT)[grid](*args, **flags)
+        elif m <= DECODE_ROWS:
+            (_DECODE_SPLIT if split else _DECODE_DIRECT)[grid](*args, **flags, INTERPRET=False)
+        else:
+            _PREFILL[grid](*args, **flags, INTERPRET=False)
+    return out.to(x2.dtype)
+
+
 def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call returning the output
     """The path whose whole call (zeroing, casts and second kernels included) is the fastest for this shape
-    on this GPU, each autotuned then timed once; remembered for the process."""
+    on this GPU, each autotuned then timed once; remembered for the process. A path other than the first
+    that fails here is left out with a warning (the first path's own failure is the call's)."""
     if key not in _FASTEST:
-        times = {name: triton.testing.do_bench(call, warmup=5, rep=20) for name, call in paths.items()}
+        times = {}
+        for index, (name, call) in enumerate(paths.items()):
+            try:
+                times[name] = triton.testing.do_bench(call, warmup=5, rep=20)
+            except Exception as exc:  # noqa: BLE001 - a compile or launch failure of an alternative
+                if index == 0:
+                    raise
+                warnings.warn(f"int4_linear: the {name} path failed on this GPU and is left out: {exc}",
+                              stacklevel=3)
         _FASTEST[key] = min(times, key=times.__getitem__)
     return _FASTEST[key]
 
@@ -267,16 +365,22 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
     packed = torch.zeros((1, kp // 2), device=device, dtype=torch.uint8)
     scale = torch.zeros((1, kp // group), device=device, dtype=torch.float32)
     decode = m <= DECODE_ROWS
-    flags = {"GROUP": group, "HAS_BIAS": has_bias, "IEEE": dtype == torch.float32, "INTERPRET": False}
+    tensor_flags = {"GROUP": group, "HAS_BIAS": has_bias, "IEEE": dtype == torch.float32, "INTERPRET": False}
+    tuners = [(_DECODE_DIRECT, tensor_flags), (_DECODE_SPLIT, tensor_flags)] if decode else [(_PREFILL, tensor_flags)]
+    if m <= VECTOR_ROWS and dtype != torch.float32:
+        tuners += [(_VECTOR_DIRECT, {"GROUP": group, "HAS_BIAS": has_bias}),
+                   (_VECTOR_SPLIT, {"GROUP": group, "HAS_BIAS": has_bias})]
     jobs = []
-    for tuner in (_DECODE_DIRECT, _DECODE_SPLIT) if decode else (_PREFILL,):
-        out = torch.zeros((1, 1), device=device, dtype=torch.float32 if tuner is _DECODE_SPLIT else dtype)
+    for tuner, flags in tuners:
+        out = torch.zeros((1, 1), device=device,
+                          dtype=torch.float32 if tuner in (_DECODE_SPLIT, _VECTOR_SPLIT) else dtype)
         # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
         args = (x, packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group, k, kp // 2, n,
                 triton.next_power_of_2(m))
-        jobs += [(tuner, args, cfg) for cfg in _prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)]
+        prune = _prune_vector if tuner in (_VECTOR_DIRECT, _VECTOR_SPLIT) else _prune
+        jobs += [(tuner, args, flags, cfg) for cfg in prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)]
     index, count = shard
-    for tuner, args, cfg in jobs[index::count]:
+    for tuner, args, flags, cfg in jobs[index::count]:
         tuner.fn.warmup(*args, grid=(1,), **flags, **cfg.all_kwargs())
     if not decode and index == count - 1:  # the prefill path's second kernel (the last shard has the fewest jobs)
         out = torch.empty((1, k), device=device, dtype=dtype)  # its row stride is the call's (k)

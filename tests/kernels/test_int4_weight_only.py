@@ -10,8 +10,17 @@ import pytest
 import torch
 import triton
 from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
-from microscope_kernels.int4_weight_only.kernel import (_FASTEST, _configs, _prune, dequantize_triton, fits,
-                                                        int4_linear)
+from microscope_kernels.int4_weight_only.kernel import (
+    _FASTEST,
+    VECTOR_ROWS,
+    _configs,
+    _prune,
+    _prune_vector,
+    _vector_configs,
+    dequantize_triton,
+    fits,
+    int4_linear,
+)
 from microscope_kernels.int4_weight_only.reference import (
     GROUPS,
     dequantize,
@@ -84,17 +93,20 @@ def test_the_gemm_equals_the_product_with_the_dequantized_weight(m, n, k, group,
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-@pytest.mark.parametrize(("m", "n", "k", "group"), [(1, 65, 320, 32), (5, 40, 448, 32), (3, 33, 200, 64)], ids=str)
-def test_both_decode_paths_give_the_product_with_the_dequantized_weight(m, n, k, group, dtype, seed, monkeypatch):
-    """The direct path (one pass, x's dtype out) and the split-K path (float32 buffer, atomics) are both
-    the product; with group 32 and K a multiple of 64 the tiles span two groups (per-group scales)."""
+@pytest.mark.parametrize(("m", "n", "k", "group"), [(1, 65, 320, 32), (5, 40, 448, 32), (3, 33, 200, 64),
+                                                     (4, 70, 513, 128), (2, 17, 1024, 128)], ids=str)
+def test_every_decode_path_gives_the_product_with_the_dequantized_weight(m, n, k, group, dtype, seed, monkeypatch):
+    """The direct path (one pass, x's dtype out), the split-K path (float32 buffer, atomics) and, for up to
+    four rows in bf16/fp16, the vector kernel (groups factored out) with and without a split are all the
+    product; with K a multiple of two groups the tiles span two groups (per-group scales)."""
     x = _randn((m, k), seed, dtype)
     q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
     want = x.double() @ dequantize(q4, dtype).double().t()
     eps = torch.finfo(dtype).eps
     scale = float(want.abs().max().clamp_min(1))
     key = (triton.next_power_of_2(m), n, k, group, dtype, False)
-    for path in ("direct", "split"):
+    vector = m <= VECTOR_ROWS and dtype != torch.float32
+    for path in ("direct", "split", *(("vector", "vector_split") if vector else ())):
         monkeypatch.setitem(_FASTEST, key, path)  # the path a GPU would have timed as the faster
         got = int4_linear(x, q4).double()
         assert got.dtype == torch.float64 and got.shape == (m, n)
@@ -220,6 +232,15 @@ def test_the_gpu_autotuner_keeps_valid_candidates_for_every_group(decode, group,
     assert all(kp % c.kwargs["BLOCK_K"] == 0 for c in kept)  # the K tiles cover K exactly
     assert all(c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in kept)
     assert any(c.kwargs["SPLIT_K"] == 1 for c in kept)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("k", [1, 32, 300, 8192])
+def test_the_vector_path_keeps_whole_group_tiles_for_every_group(group, k):
+    kp = -(-k // group) * group
+    kept = _prune_vector(_vector_configs(), {"KP": kp}, GROUP=group)
+    assert any(c.kwargs["SPLIT_K"] == 1 for c in kept)
+    assert all(c.kwargs["BLOCK_K"] % group == 0 and kp % c.kwargs["BLOCK_K"] == 0 for c in kept)
 
 
 def _correlated(rows, k, seed, rank, strength):
