@@ -98,3 +98,22 @@ def test_ceilings_are_measured_once_per_run_and_gpu(tmp_path):
     planted = Ceilings(tflops=first.tflops * 2, gbps=first.gbps / 2)  # what a later worker must read back
     saved.write_text(json.dumps({"tflops": planted.tflops, "gbps": planted.gbps}))
     assert Ceilings.for_run(tmp_path) == planted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captures_share_one_warm_up_stream_so_cublas_workspaces_do_not_pile_up():
+    """cuBLAS keeps a workspace per stream it meets: forty captures of a matmul must not hold forty more."""
+    import gc
+
+    from microscope.measures.throughput import graphed
+
+    a = torch.randn(256, 256, device="cuda")
+    graphed(lambda: a @ a)()  # the warm-up and capture streams' workspaces, once
+    torch.cuda.synchronize()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    for _ in range(40):
+        graphed(lambda: a @ a)()
+    torch.cuda.synchronize()
+    gc.collect()
+    assert torch.cuda.memory_allocated() - before < 8 * 2**20

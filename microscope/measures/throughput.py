@@ -26,6 +26,7 @@ a few rounds is checked against the float64 reference of its own input set (``Ro
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -151,10 +152,18 @@ class Rotation:
         return {round(i * (rounds - 1) / (n - 1)) for i in range(n)}
 
 
+@functools.cache
+def _warm_up_stream(device: int) -> torch.cuda.Stream:
+    """One side stream per GPU for every pre-capture call: cuBLAS keeps a workspace (32 MiB and more on
+    Hopper) per stream it meets, for the life of the process, so a fresh stream per capture grows the
+    memory a worker holds group after group."""
+    return torch.cuda.Stream(device)
+
+
 def graphed(thunk: Callable[[], Any]) -> Callable[[], Any]:
     """``thunk`` captured once in a CUDA graph: the returned callable replays it and returns the output
     of the capture (its buffers hold each replay's result). Raises what the capture raised."""
-    side = torch.cuda.Stream()
+    side = _warm_up_stream(torch.cuda.current_device())
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # a call on a side stream before capture, as CUDA graphs require
         thunk()
