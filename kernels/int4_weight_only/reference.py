@@ -127,13 +127,18 @@ def quantize_gptq_hessian(weight: torch.Tensor, hessian: torch.Tensor, group: in
         b1 = min(b0 + block, kp)
         wb, ub = w[:, b0:b1], u[b0:b1, b0:b1]
         errors = torch.empty_like(wb)
+        diagonal = torch.diagonal(ub).tolist()
         for j in range(b1 - b0):
-            g = (b0 + j) // group
-            if (b0 + j) % group == 0:
-                scales[:, g], zeros[:, g] = group_params(wb[:, j : j + group])
-            q[:, b0 + j] = round_to_levels(wb[:, j : j + 1], scales[:, g], zeros[:, g])[:, 0]
-            errors[:, j] = (wb[:, j] - (q[:, b0 + j] - zeros[:, g]) * scales[:, g]) / ub[j, j]
-            wb[:, j + 1 :] -= errors[:, j : j + 1] * ub[j : j + 1, j + 1 :]
+            if (b0 + j) % group == 0:  # the group's scale and zero point, from its columns as updated so far
+                g = (b0 + j) // group
+                scale, zero = group_params(wb[:, j : j + group])
+                scales[:, g], zeros[:, g] = scale, zero
+            column = wb[:, j]
+            qj = torch.clamp(torch.floor(column / scale + 0.5) + zero, 0, 15)  # round_to_levels, one column
+            q[:, b0 + j] = qj
+            error = errors[:, j]
+            torch.div(column - (qj - zero) * scale, diagonal[j], out=error)
+            wb[:, j + 1 :] -= error[:, None] * ub[j, j + 1 :]
         w[:, b1:] -= errors @ u[b0:b1, b1:]  # the block's errors reach the later columns in one product
     return _packed(q, scales, zeros, weight.shape[1], group)
 
