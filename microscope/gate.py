@@ -75,6 +75,7 @@ def _accuracy(table: pd.DataFrame, out: GateResult) -> None:
     rows = _candidate_rows(table, "accuracy")
     labels = case_labels(table["case_id"])
     for cand, grp in _by_candidate(rows).items():
+        grp = grp[~grp["verdict"].isin(["skipped", "failed"])]  # not measured: neither passed nor failed here
         bad = grp[grp["verdict"].isin(["fail", "worse"])]
         cases = grp["case_id"].nunique()
         if len(bad):

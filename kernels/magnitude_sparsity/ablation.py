@@ -1,7 +1,8 @@
 """Plugin: magnitude sparsity (the seed's ``weights * (|w| > threshold)``) at 50%, 2:4 and in whole blocks.
 
 Operator level: a Linear whose weight is masked, as the seed writes it (the mask applied each call), vs
-a Triton GEMM that skips the weight's zero tiles, with ``F.linear`` on the pre-masked weight as the peer.
+a Triton GEMM that skips the weight's zero tiles and, for the 2:4 pattern on a GPU, torch's 2:4 sparse
+tensor-core GEMM (cuSPARSELt), with ``F.linear`` on the pre-masked weight as the peer.
 Model level: the embedded model trained with masks recomputed from ``|w|`` every few steps (unstructured
 50%, 2:4, 50% of 32 x 32 blocks) against the dense model: the accuracy each pattern costs.
 """
@@ -29,6 +30,7 @@ from microscope.api import (
 
 from .kernel import block_index, block_sparse_linear
 from .reference import mask_for
+from .semi_structured import compress, two_four_linear, unsupported
 
 #: Training steps between two mask updates at model level.
 MASK_EVERY = 10
@@ -44,6 +46,11 @@ def triton_block_sparse(x: torch.Tensor, w_sparse: torch.Tensor, index: torch.Te
                         bias: torch.Tensor, **_: object) -> torch.Tensor:
     """One Triton GEMM over the pre-masked weight, reading only its nonzero 32 x 32 tiles."""
     return block_sparse_linear(x, w_sparse, index, count, bias)
+
+
+def semi_structured(x: torch.Tensor, w_compressed: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
+    """The 2:4 weight compressed for sparse tensor cores, one cuSPARSELt GEMM (``torch._cslt_sparse_mm``)."""
+    return two_four_linear(x, w_compressed, bias)
 
 
 def dense(x: torch.Tensor, w_sparse: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
@@ -86,6 +93,7 @@ class MagnitudeSparsity(Ablation):
     variants = {
         "seed_mask": baseline(seed_masked, differentiable=False),
         "triton": candidate(triton_block_sparse, needs=("triton",), differentiable=False),
+        "semi_structured": candidate(semi_structured, differentiable=False, supports=unsupported),
         "dense": peer(dense, differentiable=False),
     }
     arms = {
@@ -110,9 +118,12 @@ class MagnitudeSparsity(Ablation):
         mask = mask_for(weight, case["pattern"], 0.5)
         w_sparse = weight * mask
         index, count = block_index(w_sparse)
-        return {"x": randn((m, k), dtype, gen, device), "weight": weight, "mask": mask.to(dtype),
-                "w_sparse": w_sparse, "index": index, "count": count,
-                "bias": randn((n,), dtype, gen, device, scale=0.1)}
+        tensors = {"x": randn((m, k), dtype, gen, device), "weight": weight, "mask": mask.to(dtype),
+                   "w_sparse": w_sparse, "index": index, "count": count,
+                   "bias": randn((n,), dtype, gen, device, scale=0.1)}
+        if unsupported(case, device) is None:
+            tensors["w_compressed"] = compress(w_sparse)
+        return tensors
 
     def flops(self, case: Case, backward: bool = False) -> float:
         """The dense count (2MNK): rates then compare times; the sparse kernel does less of it."""

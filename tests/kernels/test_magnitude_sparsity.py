@@ -17,7 +17,9 @@ from microscope_kernels.magnitude_sparsity.reference import (
     nonzero_blocks,
     two_four_mask,
 )
+from microscope_kernels.magnitude_sparsity.semi_structured import compress, two_four_linear, unsupported
 
+from microscope.api import Case
 from microscope.workloads import ModelConfig, build_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,6 +78,8 @@ def test_plugin_variants_agree_and_bad_inputs_are_refused(seed):
         truth = plugin.reference({k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                                   for k, v in inputs.items()})
         for name, variant in plugin.variants.items():
+            if variant.supports is not None and variant.supports(case, DEVICE):
+                continue  # refused here with a reason (semi_structured: 2:4 on a GPU only)
             rel = float((variant.fn(**inputs).double() - truth).norm() / truth.norm())
             assert rel < 4 * torch.finfo(case.dtype).eps, (case.id, name, rel)
     index, count = block_index(torch.ones(64, 64, device=DEVICE))
@@ -105,3 +109,30 @@ def test_masked_training_updates_the_mask_every_ten_steps_and_leaves_the_head_de
             assert torch.equal(layer.mask, first) or step == 0
     assert float(layer.mask.float().mean()) == pytest.approx(0.5, abs=0.01)
     assert not torch.equal(layer.mask, first)  # recomputed from the trained weights at call 10
+
+
+def test_sparse_tensor_cores_are_refused_with_the_reason_where_they_cannot_run():
+    def case(**params):
+        return Case.of(**{"m": 16, "n": 64, "k": 64, "pattern": "2:4", "dtype": "bf16", **params})
+
+    assert "CUDA GPUs only" in unsupported(case(), "cpu")
+    assert "2:4 pattern only, not block" in unsupported(case(pattern="block"), "cuda")
+    assert "fp16 or bf16" in unsupported(case(dtype="fp32"), "cuda")
+    assert "multiples of 16 (N=129" in unsupported(case(n=129), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or unsupported(Case.of(m=8, n=64, k=64, pattern="2:4", dtype="bf16"),
+                                                                   "cuda") is not None,
+                    reason="needs a CUDA GPU with cuSPARSELt")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 128), (37, 96, 320), (64, 256, 512)], ids=str)
+def test_the_cusparselt_gemm_equals_the_two_four_masked_linear(m, n, k, dtype, seed):
+    """Rows of x a multiple of 8 or not (padded), with a bias; fp32 accumulation, one rounding of the output."""
+    x, w, b = _randn((m, k), seed, dtype), _randn((n, k), seed + 1, dtype, k**-0.5), _randn((n,), seed + 2, dtype)
+    sparse = w * two_four_mask(w)
+    got = two_four_linear(x, compress(sparse), b)
+    want = x.double() @ sparse.double().t() + b.double()
+    assert got.shape == (m, n) and got.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(got.double(), want, rtol=2 * eps, atol=4 * eps * float(want.abs().max().clamp_min(1)))
