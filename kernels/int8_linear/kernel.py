@@ -2,8 +2,8 @@
 the per-channel int8 weight, and the dequantization (both scales) and bias fused into its epilogue.
 
 Why: a Linear's weight read and its multiply-adds both shrink. The weight is quantized once, offline
-(``reference.quantize_per_channel``); each call quantizes its activations in one pass (``quantize_rows``:
-a row's absmax, then ``round(x * 127 / absmax)``) and runs one GEMM whose accumulator is exact int32,
+(``reference.quantize_per_channel``); each call quantizes its activations in one kernel (``quantize_rows``:
+a row's absmax, then ``round(x * 127 / absmax)``, from one read of the row where it fits in registers) and runs one GEMM whose accumulator is exact int32,
 so the only errors are the two roundings to int8. The epilogue turns the int32 tile into
 ``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
 intermediate ever reaches memory.
@@ -25,18 +25,31 @@ QMAX = 127
 
 
 @triton.jit
-def _quantize_rows_kernel(X, Q, S, M, K, stride_x, stride_q, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """BLOCK_M rows per program: absmax per row (NaN-aware), then q = round half away from zero."""
+def _quantize_rows_kernel(X, Q, S, M, K, stride_x, stride_q, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                          ONE_PASS: tl.constexpr):
+    """BLOCK_M rows per program: absmax per row (NaN-aware), then q = round half away from zero. With
+    ``ONE_PASS`` (K <= BLOCK_K) each row is read once and quantized from registers; else read twice."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_K)
     in_rows = rows[:, None] < M
-    scale = absmax_scale(X, rows, in_rows, K, stride_x, BLOCK_M, BLOCK_K)
-    inv = inverse(scale)
-    for k0 in range(0, K, BLOCK_K):
-        mask = in_rows & (k0 + cols[None, :] < K)
-        x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(Q + rows[:, None] * stride_q + k0 + cols[None, :], quantized(x, inv), mask=mask)
+    if ONE_PASS:
+        mask = in_rows & (cols[None, :] < K)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        bad = tl.sum(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), axis=1)
+        scale = tl.where(bad > 0, float("nan"), tl.max(tl.abs(x), axis=1) / 127.0)
+        tl.store(Q + rows[:, None] * stride_q + cols[None, :], quantized(x, inverse(scale)), mask=mask)
+    else:
+        scale = absmax_scale(X, rows, in_rows, K, stride_x, BLOCK_M, BLOCK_K)
+        inv = inverse(scale)
+        for k0 in range(0, K, BLOCK_K):
+            mask = in_rows & (k0 + cols[None, :] < K)
+            x = tl.load(X + rows[:, None] * stride_x + k0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            tl.store(Q + rows[:, None] * stride_q + k0 + cols[None, :], quantized(x, inv), mask=mask)
     tl.store(S + rows, scale, mask=rows < M)
+
+
+#: The longest row a GPU program quantizes from registers in one read (32 float32 values per thread at 8 warps).
+ONE_PASS_COLUMNS = 8192
 
 
 @triton.jit
@@ -97,10 +110,16 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), device=x.device, dtype=torch.int8)
     scale = torch.empty((m,), device=x.device, dtype=torch.float32)
     if m:
-        # the interpreter pays per program, so it takes many rows at once; a GPU one row per program
-        rows, block = (32, 64) if interpreting() else (1, min(4096, triton.next_power_of_2(max(k, 16))))
+        # the interpreter pays per program, so it takes many rows at once; a GPU one row per program, the
+        # whole row at once where it fits
+        if interpreting():
+            rows, block, warps = 32, 64, 4
+        else:
+            rows, block = 1, min(ONE_PASS_COLUMNS, triton.next_power_of_2(max(k, 16)))
+            warps = 8 if block >= 4096 else 4
         _quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0),
-                                                       BLOCK_M=rows, BLOCK_K=block)
+                                                       BLOCK_M=rows, BLOCK_K=block, ONE_PASS=k <= block,
+                                                       num_warps=warps)
     return q, scale
 
 

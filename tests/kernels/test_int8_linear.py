@@ -58,12 +58,16 @@ def test_per_tensor_affine_round_trips_within_half_a_step_including_a_constant_t
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_the_triton_quantize_pass_matches_eager_exactly(dtype, seed):
-    x = _randn((37, 1000), seed, dtype, scale=4.0)  # 1000: rows span several blocks with a ragged tail
+@pytest.mark.parametrize("k", [1000, 50], ids=["rows over several blocks", "rows in one block"])
+def test_the_triton_quantize_pass_matches_eager_exactly(dtype, k, seed):
+    """Rows read twice (absmax, then quantize) or once, ragged tails, a zero row, a row holding NaN."""
+    x = _randn((37, k), seed, dtype, scale=4.0)
     x[5] = 0
+    x[9, k // 2] = float("nan")
     q, scale = quantize_rows(x)
     q_ref, scale_ref = quantize_rows_eager(x)
-    assert torch.equal(scale, scale_ref) and torch.equal(q, q_ref)
+    assert torch.equal(scale.nan_to_num(-1.0), scale_ref.nan_to_num(-1.0)) and bool(scale[9].isnan())
+    assert torch.equal(q, q_ref)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
