@@ -2,9 +2,10 @@
 the per-channel int8 weight, and the dequantization (both scales) and bias fused into its epilogue.
 
 Why: a Linear's weight read and its multiply-adds both shrink. The weight is quantized once, offline
-(``reference.quantize_per_channel``); each call quantizes its activations in one kernel (``quantize_rows``:
-a row's absmax, then ``round(x * 127 / absmax)``, from one read of the row where it fits in registers) and runs one GEMM whose accumulator is exact int32,
-so the only errors are the two roundings to int8. The epilogue turns the int32 tile into
+(``reference.quantize_per_channel``); each call quantizes its activations in one kernel
+(``quantize_rows``: a row's absmax, then ``round(x * 127 / absmax)``, from one read of the row where it
+fits in registers) and runs one GEMM whose accumulator is exact int32, so the only errors are the two
+roundings to int8. The epilogue turns the int32 tile into
 ``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
 intermediate ever reaches memory.
 
