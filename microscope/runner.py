@@ -746,6 +746,7 @@ class Runner(RunBase):
         mode = "forward+backward" if grad_names else "forward"
         for name, variant in timed:
             self.mark(name)
+            self.log(f"{case.id}: memory of {name}")  # the worker's log shows which variant a slow phase waits on
             try:
                 x = fresh_inputs(inputs, grad_names if variant.differentiable else ())
                 thunk = make_call(variant, x, grad_names, bool(grad_names), cots)
