@@ -10,6 +10,7 @@ works; the padding multiplies zero activations.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -122,25 +123,36 @@ def quantize_gptq_hessian(weight: torch.Tensor, hessian: torch.Tensor, group: in
     q = torch.empty_like(w)
     scales = torch.empty((n, kp // group), device=w.device)
     zeros = torch.empty_like(scales)
+    step = gptq_block
+    if w.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        from .gptq_kernel import gptq_block as step  # the same loop in one launch per block
     block = max(group, GPTQ_BLOCK)  # a whole number of groups: a group's columns are in one block
     for b0 in range(0, kp, block):
         b1 = min(b0 + block, kp)
-        wb, ub = w[:, b0:b1], u[b0:b1, b0:b1]
-        errors = torch.empty_like(wb)
-        diagonal = torch.diagonal(ub).tolist()
-        for j in range(b1 - b0):
-            if (b0 + j) % group == 0:  # the group's scale and zero point, from its columns as updated so far
-                g = (b0 + j) // group
-                scale, zero = group_params(wb[:, j : j + group])
-                scales[:, g], zeros[:, g] = scale, zero
-            column = wb[:, j]
-            qj = torch.clamp(torch.floor(column / scale + 0.5) + zero, 0, 15)  # round_to_levels, one column
-            q[:, b0 + j] = qj
-            error = errors[:, j]
-            torch.div(column - (qj - zero) * scale, diagonal[j], out=error)
-            wb[:, j + 1 :] -= error[:, None] * ub[j, j + 1 :]
+        errors = torch.empty((n, b1 - b0), device=w.device)
+        step(w[:, b0:b1], u[b0:b1, b0:b1], q[:, b0:b1], scales, zeros, errors, b0, group)
         w[:, b1:] -= errors @ u[b0:b1, b1:]  # the block's errors reach the later columns in one product
     return _packed(q, scales, zeros, weight.shape[1], group)
+
+
+def gptq_block(wb: torch.Tensor, ub: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               errors: torch.Tensor, b0: int, group: int) -> None:
+    """GPTQ over the block of columns ``b0 .. b0 + width`` (whole groups): column by column, the group's
+    scale and zero point when a group starts (from its columns as updated so far), the 4-bit value, its
+    rounding error over the inverse Hessian factor's diagonal (``errors``), and that error spread over the
+    block's later columns (``wb`` is updated in place)."""
+    diagonal = torch.diagonal(ub).tolist()
+    for j in range(wb.shape[1]):
+        if (b0 + j) % group == 0:
+            g = (b0 + j) // group
+            scale, zero = group_params(wb[:, j : j + group])
+            scales[:, g], zeros[:, g] = scale, zero
+        column = wb[:, j]
+        qj = torch.clamp(torch.floor(column / scale + 0.5) + zero, 0, 15)  # round_to_levels, one column
+        q[:, j] = qj
+        error = errors[:, j]
+        torch.div(column - (qj - zero) * scale, diagonal[j], out=error)
+        wb[:, j + 1 :] -= error[:, None] * ub[j, j + 1 :]
 
 
 def unpack(weight: Int4Weight) -> torch.Tensor:

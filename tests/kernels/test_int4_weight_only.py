@@ -298,3 +298,27 @@ def test_precompiled_candidates_match_the_calls_signature_and_the_call_stays_exa
     w4 = quantize_int4(w, group)
     want = torch.nn.functional.linear(x.float(), dequantize(w4).float(), b.float())
     assert torch.allclose(int4_linear(x, w4, b).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("n", "width", "group", "b0"), [(37, 128, 32, 0), (33, 64, 32, 256), (40, 128, 64, 128),
+                                                         (5, 128, 128, 0), (70, 96, 32, 32)], ids=str)
+def test_the_gptq_block_kernel_gives_the_reference_loop_bit_for_bit(n, width, group, b0, seed):
+    """The Triton block (one launch) against the PyTorch column loop on the same block of a real GPTQ
+    problem: the same 4-bit values, scales, zero points and errors, rows of no tile, widths of whole groups."""
+    from microscope_kernels.int4_weight_only.gptq_kernel import gptq_block as triton_block
+    from microscope_kernels.int4_weight_only.reference import gptq_block
+
+    x = _randn((4 * width, width), seed)
+    h = x.t() @ x / x.shape[0] + 0.01 * torch.eye(width, device=DEVICE)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    w = _randn((n, width), seed + 1, scale=0.1)
+    groups = (b0 + width) // group
+    results = []
+    for step in (gptq_block, triton_block):
+        q, errors = torch.empty((n, width), device=DEVICE), torch.empty((n, width), device=DEVICE)
+        scales, zeros = torch.zeros((n, groups), device=DEVICE), torch.zeros((n, groups), device=DEVICE)
+        step(w.clone(), u, q, scales, zeros, errors, b0, group)
+        results.append((q, scales[:, b0 // group:], zeros[:, b0 // group:], errors))
+    for name, want, got in zip(("q", "scales", "zeros", "errors"), *results):
+        assert torch.equal(got, want), (name, float((got - want).abs().max()))
+    assert int(results[0][0].max()) <= 15 and int(results[0][0].min()) >= 0
