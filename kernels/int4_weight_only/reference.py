@@ -10,10 +10,11 @@ works; the padding multiplies zero activations.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from microscope.api import interpreting
 
 GROUPS = (32, 64, 128)
 #: GPTQ's lazy-update block: columns within it update each other at once, later columns once per block.
@@ -124,7 +125,7 @@ def quantize_gptq_hessian(weight: torch.Tensor, hessian: torch.Tensor, group: in
     scales = torch.empty((n, kp // group), device=w.device)
     zeros = torch.empty_like(scales)
     step = gptq_block
-    if w.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if w.is_cuda and not interpreting():
         from .gptq_kernel import gptq_block as step  # the same loop in one launch per block
     block = max(group, GPTQ_BLOCK)  # a whole number of groups: a group's columns are in one block
     for b0 in range(0, kp, block):
