@@ -41,7 +41,8 @@ def _weight(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, w_ze
 
 def triton_int4(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor, group: int,
                 bias: torch.Tensor, **_: object) -> torch.Tensor:
-    """One Triton GEMM over the packed 4-bit weight, dequantized in registers per group."""
+    """``kernel.int4_linear``: a Triton GEMM over the packed 4-bit weight, dequantized in registers per group
+    (at prefill shapes, whichever of that and Triton dequantize-then-F.linear is faster on this GPU)."""
     return int4_linear(x, _weight(x, w_packed, w_scale, w_zero, group), bias)
 
 
