@@ -33,6 +33,7 @@ import warnings
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.fp32_dot import mma
 
 from microscope.api import interpreting
@@ -220,11 +221,6 @@ def _vector_configs() -> list[triton.Config]:
             for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512) for split in (1, 4, 8) if bn * bk <= 16384]
 
 
-def _bench_candidate(kernel_call, quantiles):  # noqa: ANN001, ANN202 - triton's autotuner hook
-    """Autotuning timer: a 20 ms median tells the candidates of a microsecond kernel apart."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
-
-
 def fits(block_k: int, group: int, kp: int) -> bool:
     """Whether a K tile works for a group and padded K: it divides the group (one scale per column) or is a
     whole number of groups, and the tiles cover K exactly."""
@@ -249,16 +245,16 @@ _PRUNE = {"early_config_prune": _prune}
 #: Decode in two paths: one program per output tile writing x's dtype (one launch), or K split over
 #: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``_fastest`` times both.
 _DECODE_DIRECT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] == 1], key=_KEY,
-                                 do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
+                                 do_bench=bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
 _DECODE_SPLIT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] > 1], key=_KEY, reset_to_zero=["C"],
-                                do_bench=_bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
-_PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=_bench_candidate, prune_configs_by=_PRUNE)(
+                                do_bench=bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
+_PREFILL = triton.autotune(_configs(False), key=_KEY, do_bench=bench_candidate, prune_configs_by=_PRUNE)(
     _int4_gemm_kernel)
 _VECTOR_DIRECT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLIT_K"] == 1], key=_KEY,
-                                 do_bench=_bench_candidate, prune_configs_by={"early_config_prune": _prune_vector})(
+                                 do_bench=bench_candidate, prune_configs_by={"early_config_prune": _prune_vector})(
     _int4_vector_kernel)
 _VECTOR_SPLIT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLIT_K"] > 1], key=_KEY,
-                                reset_to_zero=["C"], do_bench=_bench_candidate,
+                                reset_to_zero=["C"], do_bench=bench_candidate,
                                 prune_configs_by={"early_config_prune": _prune_vector})(_int4_vector_kernel)
 #: (rows bucket, N, K, group, dtype, bias) -> the path whose whole call was the faster on this GPU.
 _FASTEST: dict[tuple, str] = {}

@@ -29,6 +29,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import DirectLauncher
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
 from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
@@ -290,10 +291,12 @@ def _prune_int8_blocks(configs: list[triton.Config], named_args: dict, **kwargs)
 
 
 _split_int8_tuned = triton.autotune(configs=_INT8_SPLIT_CONFIGS, key=[*_INT8_KEY, "INT8_QUERY"],
-                                    prune_configs_by={"early_config_prune": _prune_int8_blocks})(
-    _decode_split_int8_kernel)
-_split_int8_dot_tuned = triton.autotune(configs=DOT_CONFIGS, key=_INT8_KEY)(decode_split_int8_dot_kernel)
-_split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"])(_decode_split_kernel)
+                                    prune_configs_by={"early_config_prune": _prune_int8_blocks},
+                                    do_bench=bench_candidate)(_decode_split_int8_kernel)
+_split_int8_dot_tuned = triton.autotune(configs=DOT_CONFIGS, key=_INT8_KEY, do_bench=bench_candidate)(
+    decode_split_int8_dot_kernel)
+_split_fp_tuned = triton.autotune(configs=_SPLIT_CONFIGS, key=["split_len", "D"], do_bench=bench_candidate)(
+    _decode_split_kernel)
 #: Every launch goes through a DirectLauncher: after the first call per specialization it skips
 #: Triton's per-call dispatch (~20% of the int8 call's host time on the H200 machine, direct_launch.py).
 #: ``_LAUNCH_INT8[(products, autotuned)]``; the forced configs serve tests and the interpreter.

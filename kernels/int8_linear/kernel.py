@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 
 from microscope.api import interpreting
@@ -99,7 +100,7 @@ _LARGE_M_CONFIGS = [
     for bm, bn, bk, warps, stages in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
                                       (128, 256, 64, 8, 4), (128, 128, 64, 4, 4), (128, 128, 128, 4, 4)]
 ]
-_GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"])(_GEMM)
+_GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(_GEMM)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import DirectLauncher
 from microscope_kernels.split_merge import merged_output
 
@@ -101,7 +102,8 @@ def _merge_kernel(PART_ACC, PART_ML, OUT, num_splits, stride_obh, D: tl.constexp
 #: K and of V, loads pipelined ``stages`` deep (cp.async on sm_80+).
 _SHAPES = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3))
 _CONFIGS = [triton.Config({"BLOCK_T": bt, "STAGES": st}, num_warps=w) for bt, w, st in _SHAPES]
-_split_tuned = triton.autotune(configs=_CONFIGS, key=["split_len", "num_splits", "D", "PAGE"])(_paged_split_kernel)
+_split_tuned = triton.autotune(configs=_CONFIGS, key=["split_len", "num_splits", "D", "PAGE"],
+                               do_bench=bench_candidate)(_paged_split_kernel)
 #: Launches skip Triton's per-call dispatch after the first call per specialization (direct_launch.py).
 _LAUNCH_SPLIT = {True: DirectLauncher(_split_tuned), False: DirectLauncher(_paged_split_kernel)}
 _LAUNCH_MERGE = DirectLauncher(_merge_kernel)

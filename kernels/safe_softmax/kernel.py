@@ -23,6 +23,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from microscope_kernels.autotune_timing import bench_candidate
 
 from microscope.api import interpreting
 
@@ -186,9 +187,11 @@ def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> li
 #: Forward: one program per tile (0) or a persistent grid of 1, 2 or 4 programs per SM; which wins
 #: depends on the row count too (waves of short rows vs a long tail of few long rows), hence M_BUCKET.
 _fwd_tuned = triton.autotune(configs=_tile_configs(programs_per_sm=(0, 1, 2, 4)), key=["N", "M_BUCKET", "EVEN_N"],
-                             prune_configs_by={"early_config_prune": _prune_tiles})(_softmax_fwd_kernel)
+                             prune_configs_by={"early_config_prune": _prune_tiles}, do_bench=bench_candidate)(
+    _softmax_fwd_kernel)
 _bwd_tuned = triton.autotune(configs=_tile_configs(), key=["N", "BLOCK_N", "EVEN_N"],
-                             prune_configs_by={"early_config_prune": _prune_tiles})(_softmax_bwd_kernel)
+                             prune_configs_by={"early_config_prune": _prune_tiles}, do_bench=bench_candidate)(
+    _softmax_bwd_kernel)
 
 
 @functools.cache

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.attention_inputs import check_qkv
+from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.fp32_dot import mma as _mma
 from microscope_kernels.fp32_dot import round_to as _round
 
@@ -309,9 +310,9 @@ def _swa_bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, COUNT, FULL, INDEX, PAIRS, sm_scale
 #: the tile lists are built for one tiling before the launch.
 _CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (2, 3, 4)]
 _KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "HAS_PAIRS"]
-_FWD = triton.autotune(_CONFIGS, key=_KEY)(_swa_fwd)
-_DKDV = triton.autotune(_CONFIGS, key=_KEY)(_swa_bwd_dkdv)
-_DQ = triton.autotune(_CONFIGS, key=_KEY)(_swa_bwd_dq)
+_FWD = triton.autotune(_CONFIGS, key=_KEY, do_bench=bench_candidate)(_swa_fwd)
+_DKDV = triton.autotune(_CONFIGS, key=_KEY, do_bench=bench_candidate)(_swa_bwd_dkdv)
+_DQ = triton.autotune(_CONFIGS, key=_KEY, do_bench=bench_candidate)(_swa_bwd_dq)
 #: Under the interpreter: small tiles, so tile edges fall inside windows, blocks and sequences (the tests
 #: also run unequal ones).
 _INTERPRET_TILES = (32, 32)
