@@ -39,7 +39,7 @@ def _shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (b, h, case["seq"], d), (b, h, case["seq"] + case["kv_prefix"], d)
 
 
-def _peer_variant(p: Peer, description: str):
+def peer_variant(p: Peer, description: str):
     """A peer variant whose ``supports`` asks the backend's own rule (dtype, head dim, device...)."""
 
     def supports(case: Case, device: str) -> str | None:
@@ -85,11 +85,11 @@ class FlashAttention(Ablation):
         "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
         "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
                             needs=("triton",), supports=_triton_supports, params={"loads": "auto"}),
-        "sdpa_math": _peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
-        "sdpa_flash": _peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
-        "sdpa_cudnn": _peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),
-        "sdpa_efficient": _peer_variant(PEERS["sdpa_efficient"], "torch SDPA, memory-efficient backend"),
-        "flex": _peer_variant(PEERS["flex"], "torch flex_attention, compiled (Triton)"),
+        "sdpa_math": peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
+        "sdpa_flash": peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
+        "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),
+        "sdpa_efficient": peer_variant(PEERS["sdpa_efficient"], "torch SDPA, memory-efficient backend"),
+        "flex": peer_variant(PEERS["flex"], "torch flex_attention, compiled (Triton)"),
     }
     cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0], head_dim=[64], dtype=["fp32", "bf16"],
                  causal=[False, True])

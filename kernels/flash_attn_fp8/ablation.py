@@ -14,12 +14,13 @@ Case parameters: ``batch``, ``heads``, ``seq`` (queries), ``kv_prefix`` (keys be
 from __future__ import annotations
 
 import torch
+from microscope_kernels.flash_attn.ablation import FlashAttention, peer_variant
 from microscope_kernels.flash_attn.kernel import SUPPORTED_HEAD_DIMS as BF16_HEAD_DIMS
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.peers import PEERS
 from microscope_kernels.flash_attn.reference import eager_attention
 
-from microscope.api import Ablation, Case, baseline, candidate, error_budget, grid, peer, randn, register
+from microscope.api import Case, baseline, candidate, error_budget, grid, register
 
 from .kernel import SUPPORTED_HEAD_DIMS, flash_attention_fp8
 from .kernel import precompile as compile_candidates
@@ -29,11 +30,6 @@ from .kernel import precompile as compile_candidates
 #: measure 4.3-5.1% (medians over 40 seeds, 64-129 queries), and one query's 128 outputs spread to 8.1%
 #: (worst of 300 seeds; CPU, the interpreter rounding to nearest as a GPU does; README).
 FP8_ERROR_BUDGET = 0.10
-
-
-def _shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    b, h, d = case["batch"], case["heads"], case["head_dim"]
-    return (b, h, case["seq"], d), (b, h, case["seq"] + case["kv_prefix"], d)
 
 
 def _fp8_supports(case: Case, device: str) -> str | None:
@@ -52,39 +48,30 @@ def _bf16_supports(case: Case, device: str) -> str | None:
     return None
 
 
-def _sdpa(name: str, description: str):
-    backend = PEERS[name]
-
-    def supports(case: Case, device: str) -> str | None:
-        q_shape, k_shape = _shapes(case)
-        return backend.supports(q_shape, k_shape, case.dtype, device, case["causal"])
-
-    return peer(backend.fn, description, supports=supports, differentiable=False)
-
-
 @register("flash_attn_fp8")
-class FlashAttentionFP8(Ablation):
-    """FP8 (e4m3) FlashAttention forward with per-block scales vs the same kernel in bf16 and torch SDPA."""
+class FlashAttentionFP8(FlashAttention):
+    """FP8 (e4m3) FlashAttention forward with per-block scales vs the same kernel in bf16 and torch SDPA.
+
+    The cases' parameters, inputs, FLOP and byte counts are flash_attn's (forward only here)."""
 
     variants = {
         "triton_bf16": baseline(flash_attention, "microscope's FlashAttention kernel in the inputs' dtype",
                                 needs=("triton",), supports=_bf16_supports, differentiable=False),
         "triton_fp8": candidate(flash_attention_fp8, "q, k, v and the probabilities in e4m3 with per-block scales",
                                 needs=("triton",), supports=_fp8_supports, differentiable=False),
-        "sdpa_cudnn": _sdpa("sdpa_cudnn", "torch SDPA, cuDNN backend (bf16)"),
-        "sdpa_flash": _sdpa("sdpa_flash", "torch SDPA, FlashAttention-2 backend (bf16)"),
-        "sdpa_math": _sdpa("sdpa_math", "torch SDPA, math backend"),
+        "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend (bf16)"),
+        "sdpa_flash": peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend (bf16)"),
+        "sdpa_math": peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
     }
+    arms = {}  # an inference kernel: no model-level arm
     cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0, 37], head_dim=[64], dtype=["bf16"],
                  causal=[False, True])
     # outputs are averages of unit-variance values (|y| up to ~3 for the first causal rows): the element rule
     # admits 2% of elements beyond 0.03 + 15%
     tolerance = error_budget(FP8_ERROR_BUDGET, rtol=0.15, atol=0.03, max_mismatch=0.02)
 
-    def inputs(self, case: Case, gen: torch.Generator, device: str) -> dict[str, object]:
-        q_shape, k_shape = _shapes(case)
-        return {"q": randn(q_shape, case.dtype, gen, device), "k": randn(k_shape, case.dtype, gen, device),
-                "v": randn(k_shape, case.dtype, gen, device), "causal": case["causal"]}
+    def grad_inputs(self, case: Case) -> tuple[str, ...]:
+        return ()
 
     def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
         """This shard of the FP8 kernel's autotuning candidates for the case's lengths, head dim and mask."""
@@ -95,18 +82,3 @@ class FlashAttentionFP8(Ablation):
     def reference(self, inputs: dict) -> torch.Tensor:
         """Eager softmax attention (bottom-right causal mask) on the harness's float64 copies of the inputs."""
         return eager_attention(**inputs)
-
-    def flops(self, case: Case, backward: bool = False) -> float:
-        """4*B*H*D per visible (query, key) pair, causal counting the pairs actually visible."""
-        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
-        if case["causal"]:
-            pairs = sum(min(sk, i + 1 + sk - sq) for i in range(sq))
-        else:
-            pairs = sq * sk
-        return 4.0 * case["batch"] * case["heads"] * pairs * case["head_dim"]
-
-    def bytes(self, case: Case, backward: bool = False) -> float:
-        """Read Q, K, V and write O in the inputs' dtype (the FP8 kernel's quantization pass included)."""
-        b, h, d = case["batch"], case["heads"], case["head_dim"]
-        sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
-        return case.dtype.itemsize * b * h * d * (2 * sq + 2 * sk)
