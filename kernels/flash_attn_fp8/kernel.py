@@ -23,8 +23,6 @@ from microscope.api import interpreting
 
 #: Tokens that share one scale (per head): the key/value tile of the attention loop.
 SCALE_BLOCK = 64
-#: e4m3's largest finite value.
-FP8_MAX = 448.0
 #: Probabilities (at most 1) are multiplied by this before rounding to e4m3, so that small ones keep
 #: their mantissa bits rather than falling into e4m3's subnormals (a power of two: descaling is exact).
 P_SCALE = 256.0
@@ -50,9 +48,9 @@ def _e4m3(x, INTERPRET: tl.constexpr):
 @triton.jit
 def _quantize_kernel(X, Y, S, L, stride_xbh, stride_ybh, stride_ys, stride_yd, D: tl.constexpr,
                      BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    """One (head, block of BLOCK tokens): absmax / FP8_MAX as the scale (1 for an all-zero block), the
-    tokens divided by it in e4m3 at ``Y + bh * stride_ybh + token * stride_ys + d * stride_yd``."""
-    bh, blk = tl.program_id(0), tl.program_id(1)
+    """One (head, block of BLOCK tokens): absmax / 448 (e4m3's largest value) as the scale, 1 for an all-zero
+    block; the tokens divided by it in e4m3 at ``Y + bh * stride_ybh + token * stride_ys + d * stride_yd``."""
+    bh, blk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     rows = blk * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     x = tl.load(X + bh * stride_xbh + rows[:, None] * D + cols[None, :], mask=rows[:, None] < L,
