@@ -63,7 +63,8 @@ def group_params(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, zero point) per row of ``values`` (..., group): the 16 levels cover [min, max] with 0 inside."""
     lo = values.amin(dim=-1).clamp(max=0.0)
     hi = values.amax(dim=-1).clamp(min=0.0)
-    scale = (hi - lo) / 15.0
+    # a tensor divisor: torch on a GPU multiplies by a Python number's reciprocal (a last bit apart from dividing)
+    scale = (hi - lo) / torch.full((), 15.0, device=values.device)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return scale, torch.clamp(torch.floor(-lo / scale + 0.5), 0, 15)
 
@@ -142,7 +143,7 @@ def gptq_block(wb: torch.Tensor, ub: torch.Tensor, q: torch.Tensor, scales: torc
     scale and zero point when a group starts (from its columns as updated so far), the 4-bit value, its
     rounding error over the inverse Hessian factor's diagonal (``errors``), and that error spread over the
     block's later columns (``wb`` is updated in place)."""
-    diagonal = torch.diagonal(ub).tolist()
+    diagonal = torch.diagonal(ub)  # divided by as tensors: a true division on every device
     for j in range(wb.shape[1]):
         if (b0 + j) % group == 0:
             g = (b0 + j) // group
