@@ -312,19 +312,14 @@ def test_precompiled_builds_are_the_ones_the_first_call_runs(shape, dtype, seed)
     """After every shard built, the first forward (with its plan tuning) and backward build nothing more:
     the precompiled specializations are the call's own."""
     from microscope_kernels.fused_layernorm_gelu.kernel import precompile
-    from triton import knobs
+    from triton_builds import triton_builds
 
     for index in range(3):
         precompile(*shape, dtype, "tanh", 1e-5, True, (index, 3))
     x, w, b, dy = (t.to(dtype) for t in make_inputs(shape, seed))
     x.requires_grad_(True)
-    builds = []
-    saved = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
-    try:
+    with triton_builds() as builds:
         layernorm_gelu(x, w, b, 1e-5, "tanh").backward(dy)
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = saved
     assert builds == []
     assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -406,7 +406,7 @@ def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(feature_ma
     """The plugin's precompile runs the chunked kernels once on a two-chunk sequence and builds the flash_attn
     peer's candidates; calls at the case's own length then build nothing."""
     from microscope_kernels.linear_attention.peers import flash_attn_softmax
-    from triton import knobs
+    from triton_builds import triton_builds
 
     plugin = LinearAttention()
     case = Case.of(batch=1, heads=4, seq=2048, head_dim=64, features=128, feature_map=feature_map, causal=causal,
@@ -414,14 +414,9 @@ def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(feature_ma
     for index in range(4):
         plugin.precompile(case, "cuda", (index, 4), True)
     inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), "cuda")
-    builds = []
-    saved = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
-    try:
+    with triton_builds() as builds:
         out = call_as_timed(triton_linear_attention, inputs, ("q", "k", "v"))
         call_as_timed(flash_attn_softmax, inputs, ("q", "k", "v"))
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = saved
     assert builds == []
     assert torch.isfinite(out).all()

@@ -461,21 +461,16 @@ def test_model_with_lsh_is_causal_safe_and_decodes_like_its_prefill(seed):
 def test_precompile_builds_the_kernels_a_longer_call_of_the_case_runs(causal, seed):
     """The plugin's precompile runs the kernels once on a short sequence; a call at the case's own length
     then builds nothing (their integer arguments are not specialized, so the binaries are shared)."""
-    from triton import knobs
+    from triton_builds import triton_builds
 
     plugin = LSHAttentionAblation()
     case = Case.of(batch=2, heads=4, seq=2048, head_dim=64, n_buckets=16, n_hashes=2, chunk=128, rule="chunk",
                    causal=causal, data="random", dtype="bf16")
     plugin.precompile(case, "cuda", (3, 4), True)
     inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), "cuda")
-    builds = []
-    saved = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
-    try:
+    with triton_builds() as builds:
         out = call_as_timed(lsh_attention, inputs, ("q", "k", "v"))
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = saved
     assert builds == []
     assert torch.isfinite(out).all()
 

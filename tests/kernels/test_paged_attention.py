@@ -450,7 +450,7 @@ def test_precompile_builds_what_the_autotuner_then_loads_from_the_disk_cache(tmp
     import subprocess
     import sys
 
-    from triton import knobs
+    from triton_builds import triton_builds
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # empty: only what precompile writes is there
     b, h, t, d, page = 3, 4, 1000, 64, 32
@@ -459,17 +459,13 @@ def test_precompile_builds_what_the_autotuner_then_loads_from_the_disk_cache(tmp
                 f"print(kernel.precompile({b}, {h}, {d}, {page}, {t}, torch.float16, 'cuda', ({shard}, 2)))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and done.stdout.split()[-1:] == ["[]"], done.stderr[-2000:]
-    builds: list[bool] = []
-    previous = knobs.compilation.listener
-    knobs.compilation.listener = lambda *, cache_hit, **_: builds.append(cache_hit)
-    try:
+    with triton_builds() as seen:
         lens = [t, 1, 517]
         k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.float16) for _ in range(2))
         k_pool, v_pool, table = paged_from_contiguous(k, v, lens, page)
         q = torch.randn(b, h, d, device="cuda", dtype=torch.float16)
         paged_decode_attention(q, k_pool, v_pool, table, torch.tensor(lens, device="cuda", dtype=torch.int32))
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = previous
+    builds = [hit for _, hit in seen]
     assert len(builds) == 8, builds  # 7 split-kernel candidates and the merge kernel, each built once here
     assert all(builds), f"{builds.count(False)} of {len(builds)} kernel builds compiled in the call"

@@ -215,20 +215,15 @@ def test_precompiled_candidates_are_the_ones_the_first_call_runs(shape, dtype, s
     """After every shard compiled, the first forward and backward build nothing more: the precompiled
     specializations are the call's own (a mismatch would compile again in the run's first call)."""
     from microscope_kernels.safe_softmax.kernel import precompile
-    from triton import knobs
+    from triton_builds import triton_builds
 
     m, n = shape
     for index in range(4):
         precompile(m, n, dtype, True, (index, 4))
-    builds = []
-    saved = knobs.compilation.listener
-    knobs.compilation.listener = lambda **kw: builds.append(kw["metadata"].get("name"))
-    try:
+    with triton_builds() as builds:
         x = logits((m, n), seed).to("cuda", dtype).requires_grad_(True)
         y = safe_softmax(x)
         y.backward(torch.ones_like(y))
         torch.cuda.synchronize()
-    finally:
-        knobs.compilation.listener = saved
     assert builds == []
     assert rel_err(y.detach(), torch.softmax(x.detach().double(), -1)) < 1e-2
