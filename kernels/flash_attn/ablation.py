@@ -49,7 +49,7 @@ def peer_variant(p: Peer, description: str):
     return peer(p.fn, description, supports=supports)
 
 
-def _triton_supports(case: Case, device: str) -> str | None:
+def triton_supports(case: Case, device: str) -> str | None:
     if case["head_dim"] not in SUPPORTED_HEAD_DIMS:
         return f"head_dim {case['head_dim']} not in {SUPPORTED_HEAD_DIMS}"
     return None
@@ -84,7 +84,7 @@ class FlashAttention(Ablation):
     variants = {
         "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
         "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
-                            needs=("triton",), supports=_triton_supports, params={"loads": "auto"}),
+                            needs=("triton",), supports=triton_supports, params={"loads": "auto"}),
         "sdpa_math": peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
         "sdpa_flash": peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
         "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),
@@ -116,7 +116,7 @@ class FlashAttention(Ablation):
     def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
         """This shard of the kernel's autotuning candidates for the case's dtype, head dim, mask and
         tiling (one batch and head: the binaries do not depend on them)."""
-        if device != "cuda" or _triton_supports(case, device):
+        if device != "cuda" or triton_supports(case, device):
             return
         (_, _, sq, d), (_, _, sk, _) = _shapes(case)
         q = torch.zeros((1, 1, sq, d), device=device, dtype=case.dtype)

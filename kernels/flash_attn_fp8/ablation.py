@@ -14,8 +14,7 @@ Case parameters: ``batch``, ``heads``, ``seq`` (queries), ``kv_prefix`` (keys be
 from __future__ import annotations
 
 import torch
-from microscope_kernels.flash_attn.ablation import FlashAttention, peer_variant
-from microscope_kernels.flash_attn.kernel import SUPPORTED_HEAD_DIMS as BF16_HEAD_DIMS
+from microscope_kernels.flash_attn.ablation import FlashAttention, peer_variant, triton_supports
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.peers import PEERS
 from microscope_kernels.flash_attn.reference import eager_attention
@@ -42,12 +41,6 @@ def _fp8_supports(case: Case, device: str) -> str | None:
     return None
 
 
-def _bf16_supports(case: Case, device: str) -> str | None:
-    if case["head_dim"] not in BF16_HEAD_DIMS:
-        return f"head_dim {case['head_dim']} not in {BF16_HEAD_DIMS}"
-    return None
-
-
 @register("flash_attn_fp8")
 class FlashAttentionFP8(FlashAttention):
     """FP8 (e4m3) FlashAttention forward with per-block scales vs the same kernel in bf16 and torch SDPA.
@@ -56,7 +49,7 @@ class FlashAttentionFP8(FlashAttention):
 
     variants = {
         "triton_bf16": baseline(flash_attention, "microscope's FlashAttention kernel in the inputs' dtype",
-                                needs=("triton",), supports=_bf16_supports, differentiable=False),
+                                needs=("triton",), supports=triton_supports, differentiable=False),
         "triton_fp8": candidate(flash_attention_fp8, "q, k, v and the probabilities in e4m3 with per-block scales",
                                 needs=("triton",), supports=_fp8_supports, differentiable=False),
         "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend (bf16)"),

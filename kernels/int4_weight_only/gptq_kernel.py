@@ -3,8 +3,9 @@
 Why: GPTQ's columns are sequential, but its rows are independent. Run as PyTorch operations, each column
 costs about a dozen kernel launches, for every column of every weight and again for every input set a
 benchmark draws (building inputs took up to 35 s of the int4 bench's 57 s worker on the H200); here each
-program keeps a tile of rows of the block in registers and walks the block's columns itself. Every operation is the reference's, IEEE-rounded and in the same order
-(divisions ``div_rn``, no fused multiply-adds), so the result is the reference's bit for bit.
+program keeps a tile of rows of the block in registers and walks the block's columns itself. Every operation
+is the reference's, IEEE-rounded and in the same order (divisions ``div_rn``, no fused multiply-adds), so
+the result is the reference's bit for bit.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def gptq_block(wb: torch.Tensor, ub: torch.Tensor, q: torch.Tensor, scales: torc
             scale, zero = group_params(wb[:, j : j + group])
             scales[:, g], zeros[:, g] = scale, zero
         column = wb[:, j]
-        qj = torch.clamp(torch.floor(column / scale + 0.5) + zero, 0, 15)  # round_to_levels, one column
+        qj = round_to_levels(column[:, None], scale, zero)[:, 0]
         q[:, j] = qj
         error = errors[:, j]
         torch.div(column - (qj - zero) * scale, diagonal[j], out=error)
