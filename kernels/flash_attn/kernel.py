@@ -21,7 +21,10 @@ Forward (per program: ``BLOCK_M`` queries of one head):
     is rescaled only when a row max grew by more than 2^8. Saves O and the per-row log-sum-exp (base 2).
 Backward (FA2): ``delta = rowsum(dO * O)``; one kernel per ``BLOCK_N`` keys accumulates dK and dV over the
     queries that see them; one kernel per ``BLOCK_M`` queries accumulates dQ. Both recompute P from the saved
-    log-sum-exp, so nothing of size Sq x Sk is ever stored, and neither needs atomics.
+    log-sum-exp, so nothing of size Sq x Sk is ever stored, and neither needs atomics. With ``dq="atomic"``
+    the dK/dV kernel instead adds each tile pair's dS K into a zeroed fp32 dQ buffer (a TMA bulk reduction
+    on Hopper, pointer atomics elsewhere): 5 GEMMs per tile pair instead of 7, one more fp32 buffer of
+    dQ's size, and a summation order that varies between runs.
 
 On a GPU every kernel is autotuned over tile sizes, pipeline depth, warps and those two options, keyed on the
 power-of-two buckets of Sq and Sk, the head dim, causal, whole tiles, the dtype and the load path, except
@@ -115,6 +118,22 @@ def _store_tile(base, head_row0, start, n_valid, value, BLOCK: tl.constexpr, HEA
     head = base + head_row0.to(tl.int64) * HEAD_DIM
     ptrs = head + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     tl.store(ptrs, value, mask=rows[:, None] < n_valid)
+
+
+@triton.jit
+def _add_tile(dst, head_row0, start, n_valid, value, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """Add ``value`` (fp32) to rows ``[start, start + BLOCK)`` of one head in an fp32 buffer, atomically.
+
+    ``dst`` is ``_source`` of that buffer. Through TMA the whole tile is one bulk reduction, rows past the
+    head's end included: callers make those rows zero, so the next head's rows gain nothing but +0.
+    """
+    if USE_TMA:
+        dst.atomic_add([head_row0 + start, 0], value)
+    else:
+        rows = start + tl.arange(0, BLOCK)
+        ptrs = dst + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        tl.atomic_add(ptrs, value, mask=rows[:, None] < n_valid, sem="relaxed")
 
 
 @triton.jit
@@ -267,10 +286,12 @@ def _attn_bwd_delta(Out, DO, DELTA, Sq, HEAD_DIM: tl.constexpr, BLOCK_M: tl.cons
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr, CAUSAL: tl.constexpr,
-               USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
-    """Add queries ``[start_m, start_m + BLOCK_M)`` to dK, dV of one key tile (on transposed scores)."""
+def _dkdv_tile(dk, dv, k, v, q_src, do_src, dq_dst, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk, qk_scale,
+               sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DTYPE: tl.constexpr, CAUSAL: tl.constexpr,
+               USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
+               DQ_ATOMIC: tl.constexpr):
+    """Add queries ``[start_m, start_m + BLOCK_M)`` to dK, dV of one key tile (on transposed scores), and
+    with ``DQ_ATOMIC`` this key tile's share of their dQ to the fp32 buffer behind ``dq_dst``."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_tile(q_src, q_row0, start_m, Sq, BLOCK_M, HEAD_DIM, USE_TMA, MASKED)
     do = _load_tile(do_src, q_row0, start_m, Sq, BLOCK_M, HEAD_DIM, USE_TMA, MASKED)
@@ -286,16 +307,19 @@ def _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n,
         p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + (Sk - Sq), p_t, 0.0)
     dv = _mma(_cast(p_t, DTYPE, INTERPRET), do, dv, INTERPRET, IEEE)
     dp_t = _mma(v, tl.trans(do), None, INTERPRET, IEEE)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk = _mma(_cast(ds_t, DTYPE, INTERPRET), q, dk, INTERPRET, IEEE)
+    ds_t = _cast(p_t * (dp_t - delta[None, :]), DTYPE, INTERPRET)
+    dk = _mma(ds_t, q, dk, INTERPRET, IEEE)
+    if DQ_ATOMIC:  # rows past Sq have P = 0, so their share is exactly zero (what _add_tile needs)
+        dq = _mma(tl.trans(ds_t), k, None, INTERPRET, IEEE)
+        _add_tile(dq_dst, q_row0, start_m, Sq, dq * sm_scale, BLOCK_M, HEAD_DIM, USE_TMA and not INTERPRET)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
-                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                   INTERPRET: tl.constexpr, UNMASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_M: tl.constexpr, WARP_SPEC: tl.constexpr):
+@triton.jit
+def _dkdv_program(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, sm_scale, BH, Sq, Sk, HEAD_DIM: tl.constexpr,
+                  CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, UNMASKED: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, WARP_SPEC: tl.constexpr,
+                  DQ_ATOMIC: tl.constexpr):
     """dK, dV for ``BLOCK_N`` keys of one head: K, V stay on chip while the queries seeing them stream by.
 
     ``UNMASKED`` (no causal mask, Sq a multiple of every BLOCK_M) compiles one loop over all queries, which
@@ -309,34 +333,68 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, BH, Sq, Sk, SQ_BUC
     kv_row0 = bh * Sk
     q_src = _source(Q, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
     do_src = _source(DO, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
+    # Triton's interpreter has no bulk reduction: there the TMA path adds dQ through pointers.
+    TMA_ADD: tl.constexpr = USE_TMA and not INTERPRET
+    if DQ_ATOMIC:
+        dq_dst = _source(DQ_ACC, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, TMA_ADD)
+    else:
+        dq_dst = q_src
     k_src = _source(K, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
     v_src = _source(V, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
     k = _load_tile(k_src, kv_row0, n0, Sk, BLOCK_N, HEAD_DIM, USE_TMA, True)
     v = _load_tile(v_src, kv_row0, n0, Sk, BLOCK_N, HEAD_DIM, USE_TMA, True)
     offs_n = n0 + tl.arange(0, BLOCK_N)
+    if DQ_ATOMIC:  # keys past Sk (another head's, through TMA) must add nothing to dQ
+        k = tl.where(offs_n[:, None] < Sk, k, 0.0)
     qk_scale = sm_scale * _LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
 
     if UNMASKED:
         for start_m in tl.range(0, Sq, BLOCK_M, warp_specialize=WARP_SPEC):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
-                                qk_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, False)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, dq_dst, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
+                                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
+                                False, DQ_ATOMIC)
     else:
         # [lo, mid): the causal diagonal; [mid, tail): every query sees every key; [tail, end): past Sq.
         lo, mid, tail, end = _query_range(n0, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
         for start_m in range(lo, mid, BLOCK_M):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
-                                qk_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, True)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, dq_dst, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
+                                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
+                                True, DQ_ATOMIC)
         for start_m in range(mid, tail, BLOCK_M):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
-                                qk_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, False)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, dq_dst, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
+                                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
+                                False, DQ_ATOMIC)
         for start_m in range(tail, end, BLOCK_M):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
-                                qk_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, True)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_src, do_src, dq_dst, LSE, DELTA, q_row0, start_m, offs_n, Sq, Sk,
+                                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
+                                True, DQ_ATOMIC)
 
     _store_tile(DV, kv_row0, n0, Sk, _cast(dv, DTYPE, INTERPRET), BLOCK_N, HEAD_DIM)
     _store_tile(DK, kv_row0, n0, Sk, _cast(dk * sm_scale, DTYPE, INTERPRET), BLOCK_N, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
+                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+                   INTERPRET: tl.constexpr, UNMASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_M: tl.constexpr, WARP_SPEC: tl.constexpr):
+    """dK, dV of ``BLOCK_N`` keys (``_dkdv_program``); dQ is left to ``_attn_bwd_dq``."""
+    _dkdv_program(Q, K, V, DO, DK, DV, DK, LSE, DELTA, sm_scale, BH, Sq, Sk, HEAD_DIM, CAUSAL, USE_TMA, INTERPRET,
+                  UNMASKED, BLOCK_N, BLOCK_M, WARP_SPEC, False)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dkdvq(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
+                    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+                    INTERPRET: tl.constexpr, UNMASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_M: tl.constexpr, WARP_SPEC: tl.constexpr):
+    """dK, dV of ``BLOCK_N`` keys, and their share of dQ added atomically to the zeroed fp32 ``DQ_ACC``:
+    5 GEMMs per tile pair where the two-kernel backward runs 7, at the cost of an fp32 reduction per pair
+    whose order varies from run to run."""
+    _dkdv_program(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, sm_scale, BH, Sq, Sk, HEAD_DIM, CAUSAL, USE_TMA,
+                  INTERPRET, UNMASKED, BLOCK_N, BLOCK_M, WARP_SPEC, True)
 
 
 @triton.jit
@@ -439,6 +497,17 @@ _DKDV_TILES: Tiles = {
           Tile(128, 64, 2, 4, "ws"), Tile(128, 32, 2, 4, "ws")],
     256: [Tile(64, 16, 2, 8), Tile(64, 32, 2, 8)],
 }
+# The dK/dV kernel that also adds dQ holds a BLOCK_M x D fp32 dQ share besides dK and dV, and its dQ GEMM
+# runs on wgmma only with BLOCK_M >= 64; Triton 3.6's warp specialization does not build it (the pass fails
+# on the bulk reduction). Its reductions move B*H*Sq*D*4 bytes per key tile, so wide key tiles (BLOCK_N 128)
+# halve them. From ptxas reports of sm_90 builds (Triton 3.6): no spill without causal mask but 52 bytes (D128
+# 128 x 64); with it, up to 16 bytes, except D128 128 x 32 (276) and 128 x 64 (820) and D256 (700+).
+_DKDVQ_TILES: Tiles = {
+    32: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8)],
+    64: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8), Tile(128, 32, 3, 8)],
+    128: [Tile(64, 64, 3, 8), Tile(64, 32, 3, 8), Tile(128, 64, 2, 8), Tile(128, 32, 3, 8), Tile(128, 16, 3, 8)],
+    256: [Tile(64, 16, 2, 8), Tile(64, 32, 3, 8)],
+}
 _DQ_TILES: Tiles = {
     32: [Tile(128, 64, 3, 4), Tile(64, 64, 3, 4)],
     64: [Tile(128, 64, 3, 8), Tile(128, 128, 3, 8), Tile(64, 64, 3, 4)],
@@ -485,7 +554,7 @@ def _shape_key(tile: Tile) -> tuple:
 
 
 def _all_tiles() -> set[tuple]:
-    tables = (_FWD_TILES, _DKDV_TILES, _DQ_TILES, _FP32_FWD_TILES, _FP32_DKDV_TILES, _FP32_DQ_TILES)
+    tables = (_FWD_TILES, _DKDV_TILES, _DKDVQ_TILES, _DQ_TILES, _FP32_FWD_TILES, _FP32_DKDV_TILES, _FP32_DQ_TILES)
     return {_shape_key(t) for table in tables for tiles in table.values() for t in tiles}
 
 
@@ -547,19 +616,25 @@ def _prune(table: Tiles, fp32_table: Tiles, names: tuple[str, str], kernel_name:
 _PRUNE_FWD = _prune(_FWD_TILES, _FP32_FWD_TILES, ("BLOCK_M", "BLOCK_N"), "_attn_fwd")
 _PRUNE_DKDV = _prune(_DKDV_TILES, _FP32_DKDV_TILES, ("BLOCK_N", "BLOCK_M"), "_attn_bwd_dkdv")
 _PRUNE_DQ = _prune(_DQ_TILES, _FP32_DQ_TILES, ("BLOCK_M", "BLOCK_N"), "_attn_bwd_dq")
+_PRUNE_DKDVQ = _prune(_DKDVQ_TILES, _FP32_DKDV_TILES, ("BLOCK_N", "BLOCK_M"), "_attn_bwd_dkdvq")
 
 
-def _autotuned(kernel, names: tuple[str, str], flags: tuple[str, ...], prune, key: list[str]):
+def _autotuned(kernel, names: tuple[str, str], flags: tuple[str, ...], prune, key: list[str],
+               reset_to_zero: list[str] | None = None):
     return triton.autotune(_tile_configs(names, flags), key=key, do_bench=_bench_candidate,
-                           prune_configs_by={"early_config_prune": prune})(kernel)
+                           prune_configs_by={"early_config_prune": prune}, reset_to_zero=reset_to_zero)(kernel)
 
 
 _FWD = _autotuned(_attn_fwd, ("BLOCK_M", "BLOCK_N"), ("WARP_SPEC", "LAZY"), _PRUNE_FWD, _KEY)
 _DKDV = _autotuned(_attn_bwd_dkdv, ("BLOCK_N", "BLOCK_M"), ("WARP_SPEC",), _PRUNE_DKDV, _KEY)
 _DQ = _autotuned(_attn_bwd_dq, ("BLOCK_M", "BLOCK_N"), ("WARP_SPEC",), _PRUNE_DQ, _KEY)
+# Candidates add into DQ_ACC, so the autotuner zeroes it before each timing and before the real launch.
+_DKDVQ = _autotuned(_attn_bwd_dkdvq, ("BLOCK_N", "BLOCK_M"), ("WARP_SPEC",), _PRUNE_DKDVQ, _KEY, ["DQ_ACC"])
 #: The autotuners by kernel, for reports (each has ``.cache``: key -> chosen config).
-TUNERS = {"fwd": _FWD, "bwd_dkdv": _DKDV, "bwd_dq": _DQ}
-_PRUNES = {_FWD: _PRUNE_FWD, _DKDV: _PRUNE_DKDV, _DQ: _PRUNE_DQ}
+TUNERS = {"fwd": _FWD, "bwd_dkdv": _DKDV, "bwd_dq": _DQ, "bwd_dkdvq": _DKDVQ}
+_PRUNES = {_FWD: _PRUNE_FWD, _DKDV: _PRUNE_DKDV, _DQ: _PRUNE_DQ, _DKDVQ: _PRUNE_DKDVQ}
+#: How the backward computes dQ (``flash_attention``'s ``dq``).
+DQ_MODES = ("separate", "atomic")
 #: Per launch key (``_launch_key``): the tuned table's configuration where today's pruning keeps it, else
 #: None (autotune). Launch keys are tuples, cheap to build on every call; table keys are made on a miss.
 _FROM_TABLE: dict[tuple, triton.Config | None] = {}
@@ -679,10 +754,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              lse: torch.Tensor, causal: bool, sm_scale: float, loads: str = "auto") -> tuple[torch.Tensor, ...]:
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+              lse: torch.Tensor, causal: bool, sm_scale: float, loads: str = "auto",
+              dq_mode: str = "separate") -> tuple[torch.Tensor, ...]:
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0:
-        return dq, dk.zero_(), dv.zero_()
+        return torch.empty_like(q), dk.zero_(), dv.zero_()
     batch, heads, sq, head_dim = q.shape
     sk = k.shape[2]
     delta = torch.empty_like(lse)
@@ -692,6 +768,12 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     common = _common(q, k, causal, _use_tma(q.device, q.dtype, loads))
     grid_kv = lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * heads)  # noqa: E731
     grid_q = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+    if dq_mode == "atomic":
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        _run(_DKDVQ, _INTERPRET_DKDV, grid_kv, q, k, v, do, dk, dv, dq_acc, lse, delta, sm_scale,
+             **_unmasked(common, "Sq"))
+        return dq_acc.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
     _run(_DKDV, _INTERPRET_DKDV, grid_kv, q, k, v, do, dk, dv, lse, delta, sm_scale,
          **_unmasked(common, "Sq"))
     _run(_DQ, _INTERPRET_DQ, grid_q, q, k, v, do, dq, lse, delta, sm_scale, **_unmasked(common, "Sk"))
@@ -723,21 +805,21 @@ class FlashAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                sm_scale: float, loads: str = "auto") -> torch.Tensor:
+                sm_scale: float, loads: str = "auto", dq: str = "separate") -> torch.Tensor:
         o, lse = _forward(q, k, v, causal, sm_scale, loads)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale, ctx.loads = causal, sm_scale, loads
+        ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq = causal, sm_scale, loads, dq
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.loads)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None, loads: str = "auto") -> torch.Tensor:
+                    sm_scale: float | None = None, loads: str = "auto", dq: str = "separate") -> torch.Tensor:
     """Softmax attention ``softmax(q k^T * sm_scale [+ causal mask]) v`` without materializing the scores.
 
     Args:
@@ -747,6 +829,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             output zeros.
         sm_scale: score scale, default ``1 / sqrt(D)``; must be positive.
         loads: "auto" (TMA for fp16/bf16 on sm_90+), or "tma" / "pointers" to force one load path.
+        dq: how the backward computes dQ: "separate" (a dQ kernel recomputing P: 7 GEMMs per tile pair,
+            bit-reproducible) or "atomic" (the dK/dV kernel adds each tile's dQ share into an fp32 buffer:
+            5 GEMMs, summation order varying between runs).
 
     Returns:
         (B, H, Sq, D) in the input dtype; differentiable with respect to q, k and v.
@@ -755,13 +840,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     _check_inputs(q, k, v, scale)
     if loads not in ("auto", "tma", "pointers"):
         raise ValueError(f"loads={loads!r}: one of 'auto', 'tma', 'pointers'")
-    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads)
+    if dq not in DQ_MODES:
+        raise ValueError(f"dq={dq!r}: one of {', '.join(map(repr, DQ_MODES))}")
+    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads, dq)
 
 
 def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = True,
-               shard: tuple[int, int] = (0, 1), launch: bool = False) -> list[tuple[str, str, str]]:
-    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal`` and the load path (only
-    the tuned table's configuration where it lists the key: ``tuned.py``).
+               shard: tuple[int, int] = (0, 1), launch: bool = False,
+               dq: str = "separate") -> list[tuple[str, str, str]]:
+    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal``, the load path and the
+    backward's ``dq`` mode (only the tuned table's configuration where it lists the key: ``tuned.py``).
 
     Compiling is most of a first call's cost. A benchmark can spread this over worker processes (candidate
     ``i`` goes to shard ``i % count``) so that the autotuner later finds every binary in Triton's on-disk
@@ -781,12 +869,14 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
     lse = q.new_zeros(q.shape[:3], dtype=torch.float32)
     by_query = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     by_key = lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * heads)  # noqa: E731
-    dkdv_args = (q, k, v, o, torch.zeros_like(k), torch.zeros_like(v), lse, lse, 0.125)
-    dq_args = (q, k, v, o, torch.zeros_like(q), lse, lse, 0.125)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     launches = [(_FWD, (q, k, v, o, lse, 0.125), _unmasked(common, "Sk"), by_query)]
-    if backward:
-        launches += [(_DKDV, dkdv_args, _unmasked(common, "Sq"), by_key),
-                     (_DQ, dq_args, _unmasked(common, "Sk"), by_query)]
+    if backward and dq == "atomic":
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        launches.append((_DKDVQ, (q, k, v, o, dk, dv, dq_acc, lse, lse, 0.125), _unmasked(common, "Sq"), by_key))
+    elif backward:
+        launches += [(_DKDV, (q, k, v, o, dk, dv, lse, lse, 0.125), _unmasked(common, "Sq"), by_key),
+                     (_DQ, (q, k, v, o, torch.zeros_like(q), lse, lse, 0.125), _unmasked(common, "Sk"), by_query)]
     candidates = [(tuner, args, kwargs, grid, cfg) for tuner, args, kwargs, grid in launches
                   for cfg in _to_compile(tuner, args, kwargs)]
     index, count = shard

@@ -12,6 +12,7 @@ interpreter configuration (32 x 16), so masked tails, causal diagonals and Sq !=
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 
@@ -49,19 +50,20 @@ def _inputs(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, q_sc
 
 
 def assert_as_accurate_as_eager(sq: int, sk: int, head_dim: int, dtype: torch.dtype, causal: bool,
-                                q_scale: float = 1.0) -> None:
-    """Out, dq, dk, dv of flash_attention vs float64 eager, against eager's own error in ``dtype``."""
+                                q_scale: float = 1.0, dq: str = "separate") -> None:
+    """Out, dq, dk, dv of flash_attention (its ``dq`` mode) vs float64 eager, against eager's own error in
+    ``dtype``."""
     seed = _seed()
     q, k, v, do = _inputs(seed, sq, sk, head_dim, dtype, q_scale)
     # The reference sees the same rounded inputs, so only the arithmetic is compared.
     ref = _fwd_bwd(eager_attention, [q.double(), k.double(), v.double()], do.double(), causal)
     eager = _fwd_bwd(eager_attention, [q, k, v], do, causal)
-    got = _fwd_bwd(flash_attention, [q, k, v], do, causal)
+    got = _fwd_bwd(functools.partial(flash_attention, dq=dq), [q, k, v], do, causal)
     for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
         err, (base, limit) = _rel(g, r), error_limit(e, r, dtype)
         assert err <= limit, (f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e}) for Sq={sq} "
-                              f"Sk={sk} D={head_dim} {dtype} causal={causal}; MICROSCOPE_TEST_SEED={seed}")
+                              f"Sk={sk} D={head_dim} {dtype} causal={causal} dq={dq}; MICROSCOPE_TEST_SEED={seed}")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -77,6 +79,30 @@ def test_whole_tiles_single_loop(monkeypatch: pytest.MonkeyPatch, sq: int, sk: i
     """No causal mask and S a multiple of 128: the forward and dQ (Sk) and dK/dV (Sq) compile one loop."""
     monkeypatch.setenv("MICROSCOPE_FLASH_TMA", tma)
     assert_as_accurate_as_eager(sq, sk, 64, torch.bfloat16, causal=False)
+
+
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize(("sq", "sk", "head_dim"), [(37, 53, 64), (53, 37, 32), (128, 96, 128)])
+def test_atomic_dq_matches_float64_eager(monkeypatch: pytest.MonkeyPatch, sq: int, sk: int, head_dim: int,
+                                         dtype: str, causal: bool, tma: str) -> None:
+    """dQ added by the dK/dV kernel: key tiles past Sk (through TMA another head's keys) and query tiles
+    past Sq must add nothing, to this head or the next. Sq = 128 (no causal mask) runs the single-loop path."""
+    monkeypatch.setenv("MICROSCOPE_FLASH_TMA", tma)
+    assert_as_accurate_as_eager(sq, sk, head_dim, DTYPES[dtype], causal, dq="atomic")
+
+
+def test_both_dq_modes_agree_and_a_bad_mode_is_refused() -> None:
+    seed = _seed()
+    q, k, v, do = _inputs(seed, 45, 61, 64, torch.float32)
+    separate = _fwd_bwd(flash_attention, [q, k, v], do, True)
+    atomic = _fwd_bwd(functools.partial(flash_attention, dq="atomic"), [q, k, v], do, True)
+    assert torch.equal(separate[0], atomic[0]), "the forward does not depend on the dQ mode"
+    for name, a, b in zip(("dq", "dk", "dv"), atomic[1:], separate[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name}; MICROSCOPE_TEST_SEED={seed}")
+    with pytest.raises(ValueError, match="dq='atomics'"):
+        flash_attention(q, k, v, dq="atomics")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -170,3 +196,13 @@ def test_a_forced_load_path_is_checked_and_reaches_forward_and_backward():
     torch.testing.assert_close(outs[0], outs[1], **tol)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_atomic_dq_candidate_builds_and_runs_on_this_gpu(causal: bool) -> None:
+    """Each pruned candidate of the dK/dV kernel that adds dQ (a TMA bulk reduction on sm_90) compiles and
+    launches; then the autotuned call is as accurate as eager (the interpreter adds dQ through pointers)."""
+    q = torch.zeros((1, 1, 1024, 128), device="cuda", dtype=torch.bfloat16)
+    assert kernel.precompile(q, q, causal, dq="atomic", launch=True) == []
+    assert_as_accurate_as_eager(1024, 1024, 128, torch.bfloat16, causal, dq="atomic")
