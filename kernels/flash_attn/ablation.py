@@ -85,7 +85,7 @@ class FlashAttention(Ablation):
         "eager": baseline(eager_attention, "matmul, mask, softmax, matmul in plain PyTorch"),
         "triton": candidate(flash_attention, "microscope's FlashAttention-2 style Triton kernel",
                             needs=("triton",), supports=triton_supports,
-                            params={"loads": "auto", "dq": "separate"}),
+                            params={"loads": "auto", "dq": "separate", "split": False}),
         "sdpa_math": peer_variant(PEERS["sdpa_math"], "torch SDPA, math backend"),
         "sdpa_flash": peer_variant(PEERS["sdpa_flash"], "torch SDPA, FlashAttention-2 backend"),
         "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),

@@ -17,8 +17,10 @@ Forward (per program: ``BLOCK_M`` queries of one head):
     so each score costs one FMA and one ``exp2``. The key range is split in two loops: tiles every query of
     the block sees completely (no mask arithmetic at all), then the few tiles that need the causal or the
     sequence-end mask; without causal mask and with whole tiles the second loop is not compiled, which lets
-    Triton warp-specialize the first (TMA loads in their own warps). Optionally (``LAZY``) the accumulator
-    is rescaled only when a row max grew by more than 2^8. Saves O and the per-row log-sum-exp (base 2).
+    Triton warp-specialize the first (TMA loads in their own warps). With ``split`` the masked tiles run in a
+    second launch instead, so the first is warp-specializable for causal attention too. Optionally
+    (``LAZY``) the accumulator is rescaled only when a row max grew by more than 2^8. Saves O and the per-row
+    log-sum-exp (base 2).
 Backward (FA2): ``delta = rowsum(dO * O)``; one kernel per ``BLOCK_N`` keys accumulates dK and dV over the
     queries that see them; one kernel per ``BLOCK_M`` queries accumulates dQ. Both recompute P from the saved
     log-sum-exp, so nothing of size Sq x Sk is ever stored, and neither needs atomics. With ``dq="atomic"``
@@ -226,8 +228,9 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
               LAZY: tl.constexpr):
     """O and base-2 LSE for ``BLOCK_M`` queries of one head. ``SQ/SK_BUCKET`` only key the autotuner.
 
-    ``UNMASKED`` (no causal mask, Sk a multiple of every BLOCK_N) leaves no tile to mask, so the masked loop
-    is not even compiled: Triton's warp specialization handles a kernel with a single loop only.
+    ``UNMASKED`` compiles only the loop over the key tiles every query of the block sees whole, which Triton's
+    warp specialization needs (it handles a kernel with a single loop only): either no tile needs a mask (no
+    causal mask, Sk a multiple of every BLOCK_N), or ``_attn_fwd_rest`` adds the masked tiles afterwards.
     """
     DTYPE: tl.constexpr = Q.dtype.element_ty
     IEEE: tl.constexpr = DTYPE == tl.float32
@@ -259,13 +262,58 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
                                       qk_scale, HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
                                       True, False)
 
-    # Rows that saw no key (causal with Sq > Sk) output 0 and get LSE = +inf, so the backward's P is 0 there.
+    _fwd_finish(acc, l_i, m_i, Out, LSE, q_row0, m0, offs_m, Sq, BLOCK_M, HEAD_DIM, DTYPE, INTERPRET)
+
+
+@triton.jit
+def _fwd_finish(acc, l_i, m_i, Out, LSE, q_row0, m0, offs_m, Sq, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Normalize and store O and the base-2 LSE of one query block.
+
+    Rows that saw no key (causal with Sq > Sk) output 0 and get LSE = +inf, so the backward's P is 0 there.
+    """
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("inf"), m_i + tl.math.log2(l_safe))
     tl.store(LSE + q_row0 + offs_m, lse, mask=offs_m < Sq)
     out = acc * (1.0 / l_safe)[:, None]
     _store_tile(Out, q_row0, m0, Sq, _cast(out, DTYPE, INTERPRET), BLOCK_M, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["BH", "Sq", "Sk"])
+def _attn_fwd_rest(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                   USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key tiles that need a mask (causal diagonal, Sk tail), added to what ``_attn_fwd`` with ``UNMASKED``
+    and the same ``BLOCK_M``, ``BLOCK_N`` stored for the other tiles.
+
+    The online softmax resumes exactly from a stored row: with the running max set to its LSE, the row's
+    normalizer is 1 and its accumulator is O. A row with LSE = +inf has seen no key yet.
+    """
+    DTYPE: tl.constexpr = Q.dtype.element_ty
+    IEEE: tl.constexpr = DTYPE == tl.float32
+    bh = tl.program_id(1)
+    m0 = tl.program_id(0) * BLOCK_M
+    n_full, hi = _key_range(m0, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
+    if n_full < hi:
+        q_row0 = bh * Sq
+        kv_row0 = bh * Sk
+        q_src = _source(Q, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
+        k_src = _source(K, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
+        v_src = _source(V, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = _load_tile(q_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, USE_TMA, True)
+        o_src = _source(Out, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, False)
+        acc = _load_tile(o_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, False, True).to(tl.float32)
+        lse = tl.load(LSE + q_row0 + offs_m, mask=offs_m < Sq, other=float("inf"))
+        seen = lse != float("inf")
+        m_i = tl.where(seen, lse, float("-inf"))
+        l_i = tl.where(seen, 1.0, 0.0)
+        qk_scale = sm_scale * _LOG2E
+        for start_n in range(n_full, hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk,
+                                      qk_scale, HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
+                                      True, False)
+        _fwd_finish(acc, l_i, m_i, Out, LSE, q_row0, m0, offs_m, Sq, BLOCK_M, HEAD_DIM, DTYPE, INTERPRET)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -721,27 +769,36 @@ def _unmasked(common: dict, along: str) -> dict:
     return {**common, "UNMASKED": not common["CAUSAL"] and common[along] % _WHOLE_TILES == 0}
 
 
-def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> None:
+def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> dict:
     """Launch with the tuned table's configuration where it lists this key, else through the autotuner (and
-    offer its choice to ``tuned.record``); under the interpreter, with the fixed small configuration."""
+    offer its choice to ``tuned.record``); under the interpreter, with the fixed small configuration.
+    Returns the tile arguments the launch used."""
     if interpreting():
         tuner.fn[grid](*args, **kwargs, **interpret_config)
-        return
+        return interpret_config
     if kwargs["USE_TMA"]:
         _set_tma_allocator()
     key = _launch_key(tuner, kwargs, args[0].dtype)
     cfg = _table_config(tuner, args, kwargs, key)
     if cfg is not None:
         tuner.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-        return
+        return cfg.kwargs
     tuner[grid](*args, **kwargs)
     if key not in _RECORDED:
         _RECORDED.add(key)
         tuned.record(_device_name(args[0].device), tuned.table_key(key[0], kwargs, key[-1]), tuner.best_config)
+    return tuner.best_config.kwargs
+
+
+def _rest_launch(block_m: int, block_n: int) -> dict:
+    """Warps and stages of ``_attn_fwd_rest``, from ptxas reports of sm_90 builds (Triton 3.6): with 8 warps
+    no bf16 tile of D32-D128 spills but 128 x 128 at D128 (296 bytes; D256: 112-1160), where 4 warps spill
+    at 128-row tiles; the fp32 tiles smaller than 64 x 32 take 4."""
+    return {"num_warps": 8 if block_m * block_n >= 64 * 32 else 4, "num_stages": 2}
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             sm_scale: float, loads: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+             sm_scale: float, loads: str = "auto", split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q)
     batch, heads, sq, _ = q.shape
     lse = torch.empty((batch * heads, sq), device=q.device, dtype=torch.float32)
@@ -749,7 +806,16 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         return o, lse
     common = _common(q, k, causal, _use_tma(q.device, q.dtype, loads))
     grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-    _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **_unmasked(common, "Sk"))
+    whole = _unmasked(common, "Sk")
+    if not split or whole["UNMASKED"]:
+        _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **whole)
+        return o, lse
+    tiles = _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **{**whole, "UNMASKED": True})
+    block_m, block_n = tiles["BLOCK_M"], tiles["BLOCK_N"]
+    _attn_fwd_rest[(triton.cdiv(sq, block_m), batch * heads)](
+        q, k, v, o, lse, sm_scale, common["BH"], sq, common["Sk"], HEAD_DIM=common["HEAD_DIM"], CAUSAL=causal,
+        USE_TMA=common["USE_TMA"], INTERPRET=common["INTERPRET"], BLOCK_M=block_m, BLOCK_N=block_n,
+        **({} if interpreting() else _rest_launch(block_m, block_n)))
     return o, lse
 
 
@@ -805,8 +871,8 @@ class FlashAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                sm_scale: float, loads: str = "auto", dq: str = "separate") -> torch.Tensor:
-        o, lse = _forward(q, k, v, causal, sm_scale, loads)
+                sm_scale: float, loads: str = "auto", dq: str = "separate", split: bool = False) -> torch.Tensor:
+        o, lse = _forward(q, k, v, causal, sm_scale, loads, split)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq = causal, sm_scale, loads, dq
         return o
@@ -815,11 +881,12 @@ class FlashAttentionFn(torch.autograd.Function):
     def backward(ctx, do: torch.Tensor):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None, loads: str = "auto", dq: str = "separate") -> torch.Tensor:
+                    sm_scale: float | None = None, loads: str = "auto", dq: str = "separate",
+                    split: bool = False) -> torch.Tensor:
     """Softmax attention ``softmax(q k^T * sm_scale [+ causal mask]) v`` without materializing the scores.
 
     Args:
@@ -832,6 +899,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         dq: how the backward computes dQ: "separate" (a dQ kernel recomputing P: 7 GEMMs per tile pair,
             bit-reproducible) or "atomic" (the dK/dV kernel adds each tile's dQ share into an fp32 buffer:
             5 GEMMs, summation order varying between runs).
+        split: run the forward's key tiles that need a mask (the causal diagonal, a partial last tile of Sk)
+            in a second, small launch that resumes from the first's O and LSE, so that the first has a single
+            loop Triton can warp-specialize; O is then rounded to the input dtype once more in between.
 
     Returns:
         (B, H, Sq, D) in the input dtype; differentiable with respect to q, k and v.
@@ -842,14 +912,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"loads={loads!r}: one of 'auto', 'tma', 'pointers'")
     if dq not in DQ_MODES:
         raise ValueError(f"dq={dq!r}: one of {', '.join(map(repr, DQ_MODES))}")
-    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads, dq)
+    return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads, dq,
+                                  bool(split))
 
 
 def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = True,
                shard: tuple[int, int] = (0, 1), launch: bool = False,
-               dq: str = "separate") -> list[tuple[str, str, str]]:
-    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal``, the load path and the
-    backward's ``dq`` mode (only the tuned table's configuration where it lists the key: ``tuned.py``).
+               dq: str = "separate", split: bool = False) -> list[tuple[str, str, str]]:
+    """Compile the autotuning candidates for q/k's dtype and head dim, ``causal``, the load path, the
+    forward's ``split`` and the backward's ``dq`` mode (only the tuned table's configuration where it lists
+    the key: ``tuned.py``).
 
     Compiling is most of a first call's cost. A benchmark can spread this over worker processes (candidate
     ``i`` goes to shard ``i % count``) so that the autotuner later finds every binary in Triton's on-disk
@@ -870,7 +942,9 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
     by_query = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     by_key = lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * heads)  # noqa: E731
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    launches = [(_FWD, (q, k, v, o, lse, 0.125), _unmasked(common, "Sk"), by_query)]
+    whole = _unmasked(common, "Sk")
+    split = split and not whole["UNMASKED"]
+    launches = [(_FWD, (q, k, v, o, lse, 0.125), {**whole, "UNMASKED": True} if split else whole, by_query)]
     if backward and dq == "atomic":
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         launches.append((_DKDVQ, (q, k, v, o, dk, dv, dq_acc, lse, lse, 0.125), _unmasked(common, "Sq"), by_key))
@@ -892,6 +966,12 @@ def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = 
             if launch:
                 tuner.fn[grid](*args, **kwargs, **cfg.all_kwargs())
                 torch.cuda.synchronize(q.device)
+            if split and tuner is _FWD:  # the masked tiles' launch at this candidate's tiles
+                tiles = {"BLOCK_M": cfg.kwargs["BLOCK_M"], "BLOCK_N": cfg.kwargs["BLOCK_N"]}
+                rest_args = (q, k, v, o, lse, 0.125, common["BH"], sq, sk)
+                rest_kwargs = {name: common[name] for name in ("HEAD_DIM", "CAUSAL", "USE_TMA", "INTERPRET")}
+                _attn_fwd_rest.warmup(*rest_args, grid=(1,), **rest_kwargs, **tiles,
+                                      **_rest_launch(tiles["BLOCK_M"], tiles["BLOCK_N"]))
         except Exception as exc:  # noqa: BLE001 - report every candidate that does not build or run
             skip_candidate(tuner.fn.__name__, str(cfg))
             failures.append((tuner.fn.__name__, str(cfg), f"{type(exc).__name__}: {str(exc)[:300]}"))

@@ -50,20 +50,20 @@ def _inputs(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, q_sc
 
 
 def assert_as_accurate_as_eager(sq: int, sk: int, head_dim: int, dtype: torch.dtype, causal: bool,
-                                q_scale: float = 1.0, dq: str = "separate") -> None:
-    """Out, dq, dk, dv of flash_attention (its ``dq`` mode) vs float64 eager, against eager's own error in
-    ``dtype``."""
+                                q_scale: float = 1.0, **options) -> None:
+    """Out, dq, dk, dv of flash_attention (with keyword ``options`` such as ``dq``, ``split``) vs float64
+    eager, against eager's own error in ``dtype``."""
     seed = _seed()
     q, k, v, do = _inputs(seed, sq, sk, head_dim, dtype, q_scale)
     # The reference sees the same rounded inputs, so only the arithmetic is compared.
     ref = _fwd_bwd(eager_attention, [q.double(), k.double(), v.double()], do.double(), causal)
     eager = _fwd_bwd(eager_attention, [q, k, v], do, causal)
-    got = _fwd_bwd(functools.partial(flash_attention, dq=dq), [q, k, v], do, causal)
+    got = _fwd_bwd(functools.partial(flash_attention, **options), [q, k, v], do, causal)
     for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, ref):
         assert g.dtype == dtype and g.shape == r.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
         err, (base, limit) = _rel(g, r), error_limit(e, r, dtype)
         assert err <= limit, (f"{name}: rel. error {err:.2e} > {limit:.2e} (eager {base:.2e}) for Sq={sq} "
-                              f"Sk={sk} D={head_dim} {dtype} causal={causal} dq={dq}; MICROSCOPE_TEST_SEED={seed}")
+                              f"Sk={sk} D={head_dim} {dtype} causal={causal} {options}; MICROSCOPE_TEST_SEED={seed}")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -91,6 +91,25 @@ def test_atomic_dq_matches_float64_eager(monkeypatch: pytest.MonkeyPatch, sq: in
     past Sq must add nothing, to this head or the next. Sq = 128 (no causal mask) runs the single-loop path."""
     monkeypatch.setenv("MICROSCOPE_FLASH_TMA", tma)
     assert_as_accurate_as_eager(sq, sk, head_dim, DTYPES[dtype], causal, dq="atomic")
+
+
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "tma"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize(("sq", "sk", "causal"), [(37, 53, True), (53, 37, True), (100, 100, True),
+                                                  (37, 53, False), (1, 45, True)])
+def test_split_forward_matches_float64_eager(monkeypatch: pytest.MonkeyPatch, sq: int, sk: int, causal: bool,
+                                             dtype: str, tma: str) -> None:
+    """The masked tiles in a second launch that resumes from the first's O and LSE: causal diagonals with
+    Sq <, = and > Sk (rows that see no key in either launch, or only in the second), a partial last key tile
+    without mask, a single query."""
+    monkeypatch.setenv("MICROSCOPE_FLASH_TMA", tma)
+    assert_as_accurate_as_eager(sq, sk, 64, DTYPES[dtype], causal, split=True)
+
+
+def test_split_without_masked_tiles_is_the_single_launch() -> None:
+    """No causal mask and whole tiles: nothing to split, the one launch runs (bit-identical output)."""
+    q, k, v, _ = _inputs(_seed(), 64, 128, 32, torch.float32)
+    assert torch.equal(flash_attention(q, k, v, split=True), flash_attention(q, k, v))
 
 
 def test_both_dq_modes_agree_and_a_bad_mode_is_refused() -> None:
@@ -206,3 +225,20 @@ def test_every_atomic_dq_candidate_builds_and_runs_on_this_gpu(causal: bool) -> 
     q = torch.zeros((1, 1, 1024, 128), device="cuda", dtype=torch.bfloat16)
     assert kernel.precompile(q, q, causal, dq="atomic", launch=True) == []
     assert_as_accurate_as_eager(1024, 1024, 128, torch.bfloat16, causal, dq="atomic")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("sq", "causal"), [(4096, True), (1000, False)], ids=["causal", "tail"])
+def test_split_forward_candidates_build_and_the_call_builds_nothing_more(sq: int, causal: bool) -> None:
+    """Every first-launch candidate (warp-specialized ones included, now that the launch has one loop) and
+    the masked tiles' launch at its tiles are precompiled; the split call then builds nothing."""
+    from triton_builds import triton_builds
+
+    z = torch.zeros((1, 1, sq, 128), device="cuda", dtype=torch.bfloat16)
+    assert kernel.precompile(z, z, causal, backward=False, split=True) == []
+    q, k, v, _ = _inputs(_seed(), sq, sq, 128, torch.bfloat16)
+    with triton_builds() as builds:
+        out = flash_attention(q, k, v, causal=causal, split=True)
+        torch.cuda.synchronize()
+    assert [name for name, cache_hit in builds if not cache_hit] == []
+    torch.testing.assert_close(out.float(), flash_attention(q, k, v, causal=causal).float(), rtol=2e-2, atol=2e-2)
