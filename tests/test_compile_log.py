@@ -1,4 +1,5 @@
-"""The worker's Triton build log: one line per kernel build, saying whether it compiled or hit the cache."""
+"""The worker's Triton build log: one line per kernel build, saying whether it compiled or hit the cache, and
+one per autotuned key, saying which configuration won."""
 
 from types import SimpleNamespace
 
@@ -23,3 +24,32 @@ def test_each_build_becomes_one_line_naming_kernel_source_and_time():
         knobs.compilation.listener = previous
     assert lines == ["triton _attn_fwd: compiled, 2310 ms (warps 8, stages 3)",
                      "triton _attn_fwd: disk cache, 41 ms (warps 8, stages 3)"]
+
+
+
+@pytest.mark.skipif(not hasattr(knobs.autotuning, "listener"), reason="this Triton has no autotuning listener")
+def test_each_autotuned_key_becomes_one_line_with_winner_and_runner_up():
+    """Called the way Triton's autotuner calls it (its listener cannot run under the interpreter, whose kernels
+    are no JITFunction): candidates ranked by median, the winner and runner-up named."""
+    triton = pytest.importorskip("triton")
+
+    def add_one(x):  # noqa: ANN001, ANN202 - stands for the tuned kernel; only its name is read
+        return x
+
+    fast, slow, slower = (triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((128, 8), (64, 4), (32, 4)))
+    lines: list[str] = []
+    saved = knobs.compilation.listener, knobs.autotuning.listener
+    try:
+        assert compile_log.install(lines.append)
+        listener = knobs.autotuning.listener
+        listener(fn=add_one, key=(4096, "torch.bfloat16"), best_config=fast,
+                 configs_timings={slow: [0.25, 0.24, 0.26], fast: [0.125, 0.12, 0.13], slower: 0.5}, duration=1.23,
+                 cache_hit=False)
+        listener(fn=add_one, key=(64,), best_config=slow, configs_timings=None, duration=None, cache_hit=True)
+    finally:
+        knobs.compilation.listener, knobs.autotuning.listener = saved
+    assert lines == [
+        f"triton autotune add_one: key (4096, 'torch.bfloat16'): 3 candidates in 1.2 s, chose {fast} at 0.125 ms; "
+        f"runner-up {slow} at 0.25 ms",
+        f"triton autotune add_one: key (64,): {slow} (autotuning cache)",
+    ]
