@@ -548,8 +548,9 @@ _DKDV_TILES: Tiles = {
 # The dK/dV kernel that also adds dQ holds a BLOCK_M x D fp32 dQ share besides dK and dV, and its dQ GEMM
 # runs on wgmma only with BLOCK_M >= 64; Triton 3.6's warp specialization does not build it (the pass fails
 # on the bulk reduction). Its reductions move B*H*Sq*D*4 bytes per key tile, so wide key tiles (BLOCK_N 128)
-# halve them. From ptxas reports of sm_90 builds (Triton 3.6): no spill without causal mask but 52 bytes (D128
-# 128 x 64); with it, up to 16 bytes, except D128 128 x 32 (276) and 128 x 64 (820) and D256 (700+).
+# halve them. From ptxas reports of sm_90 builds (Triton 3.6, pointers 16-byte aligned as at a launch): no
+# spill without causal mask but 32 bytes (D128 128 x 64); with it, up to 16 bytes, except D128 128 x 32
+# (268) and 128 x 64 (896), and D256 (700+).
 _DKDVQ_TILES: Tiles = {
     32: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8)],
     64: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8), Tile(128, 32, 3, 8)],
@@ -792,8 +793,8 @@ def _run(tuner, interpret_config: dict, grid, *args, **kwargs) -> dict:
 
 def _rest_launch(block_m: int, block_n: int) -> dict:
     """Warps and stages of ``_attn_fwd_rest``, from ptxas reports of sm_90 builds (Triton 3.6): with 8 warps
-    no bf16 tile of D32-D128 spills but 128 x 128 at D128 (296 bytes; D256: 112-1160), where 4 warps spill
-    at 128-row tiles; the fp32 tiles smaller than 64 x 32 take 4."""
+    no bf16 tile of D32-D128 spills, where 4 warps spill at 128-row tiles; the fp32 tiles smaller than
+    64 x 32 take 4."""
     return {"num_warps": 8 if block_m * block_n >= 64 * 32 else 4, "num_stages": 2}
 
 
