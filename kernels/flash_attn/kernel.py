@@ -221,6 +221,19 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk, 
     return acc, l_i, m_new
 
 
+@triton.jit
+def _fwd_operands(Q, K, V, bh, m0, BH, Sq, Sk, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """A forward program's head offsets, its query tile, and where its K and V tiles are read from."""
+    q_row0 = bh * Sq
+    kv_row0 = bh * Sk
+    q_src = _source(Q, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = _source(K, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = _source(V, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
+    q = _load_tile(q_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, USE_TMA, True)
+    return q_row0, kv_row0, q, k_src, v_src
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr,
@@ -239,14 +252,9 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
     if CAUSAL:  # the last query tiles see the most keys: start them first so the tail of the grid is short
         pid_m = tl.num_programs(0) - 1 - pid_m
     m0 = pid_m * BLOCK_M
-    q_row0 = bh * Sq
-    kv_row0 = bh * Sk
-    q_src = _source(Q, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _source(K, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _source(V, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
-
+    q_row0, kv_row0, q, k_src, v_src = _fwd_operands(Q, K, V, bh, m0, BH, Sq, Sk, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                                     USE_TMA)
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    q = _load_tile(q_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, USE_TMA, True)
     qk_scale = sm_scale * _LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -295,13 +303,9 @@ def _attn_fwd_rest(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, HEAD_DIM: tl.constex
     m0 = tl.program_id(0) * BLOCK_M
     n_full, hi = _key_range(m0, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     if n_full < hi:
-        q_row0 = bh * Sq
-        kv_row0 = bh * Sk
-        q_src = _source(Q, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, USE_TMA)
-        k_src = _source(K, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
-        v_src = _source(V, kv_row0, BH * Sk, BLOCK_N, HEAD_DIM, USE_TMA)
+        q_row0, kv_row0, q, k_src, v_src = _fwd_operands(Q, K, V, bh, m0, BH, Sq, Sk, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                                         USE_TMA)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, USE_TMA, True)
         o_src = _source(Out, q_row0, BH * Sq, BLOCK_M, HEAD_DIM, False)
         acc = _load_tile(o_src, q_row0, m0, Sq, BLOCK_M, HEAD_DIM, False, True).to(tl.float32)
         lse = tl.load(LSE + q_row0 + offs_m, mask=offs_m < Sq, other=float("inf"))
