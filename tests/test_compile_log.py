@@ -12,7 +12,7 @@ knobs = pytest.importorskip("triton").knobs
 
 def test_each_build_becomes_one_line_naming_kernel_source_and_time():
     lines: list[str] = []
-    previous = knobs.compilation.listener
+    previous = knobs.compilation.listener, getattr(knobs.autotuning, "listener", None), knobs.autotuning.print
     try:
         assert compile_log.install(lines.append)
         listener = knobs.compilation.listener
@@ -21,10 +21,12 @@ def test_each_build_becomes_one_line_naming_kernel_source_and_time():
         listener(src=None, metadata={"name": "_attn_fwd", "num_warps": 8, "num_stages": 3}, metadata_group={},
                  times=SimpleNamespace(total=41_000), cache_hit=True)
     finally:
-        knobs.compilation.listener = previous
+        knobs.compilation.listener = previous[0]
+        if hasattr(knobs.autotuning, "listener"):
+            knobs.autotuning.listener = previous[1]
+        knobs.autotuning.print = previous[2]
     assert lines == ["triton _attn_fwd: compiled, 2310 ms (warps 8, stages 3)",
                      "triton _attn_fwd: disk cache, 41 ms (warps 8, stages 3)"]
-
 
 
 @pytest.mark.skipif(not hasattr(knobs.autotuning, "listener"), reason="this Triton has no autotuning listener")

@@ -554,7 +554,7 @@ _DKDV_TILES: Tiles = {
 # on the bulk reduction). Its reductions move B*H*Sq*D*4 bytes per key tile, so wide key tiles (BLOCK_N 128)
 # halve them. From ptxas reports of sm_90 builds (Triton 3.6, pointers 16-byte aligned as at a launch): no
 # spill without causal mask but 32 bytes (D128 128 x 64); with it, up to 16 bytes, except D128 128 x 32
-# (268) and 128 x 64 (896), and D256 (700+).
+# (268) and 128 x 64 (896), and D256 (688 and more).
 _DKDVQ_TILES: Tiles = {
     32: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8)],
     64: [Tile(128, 64, 3, 8), Tile(64, 64, 3, 4), Tile(64, 64, 3, 8), Tile(128, 32, 3, 8)],
