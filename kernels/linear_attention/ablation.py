@@ -17,6 +17,8 @@ its softmax attention (``model.py``); Linformer cannot be an arm of a causal LM 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, warm_short_call
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
@@ -134,6 +136,12 @@ class LinearAttention(Ablation):
                                      "in every block", patch=use_performer, needs=("triton",)),
         "cosformer": Arm(description="cosFormer (ReLU features, cos re-weighting) through the chunked kernel in "
                                      "every block", patch=use_cosformer, needs=("triton",)),
+        # the two arms above with the causal sums in plain PyTorch (the reference's quadratic form): the same
+        # function, trainable for hundreds of steps on a CPU (``--profile trained``)
+        "performer_eager": Arm(description="performer, computed by the eager reference",
+                               patch=functools.partial(use_performer, eager=True)),
+        "cosformer_eager": Arm(description="cosformer, computed by the eager reference",
+                               patch=functools.partial(use_cosformer, eager=True)),
         "flash": Arm(Role.PEER, "exact softmax attention through flash_attn's FA2 Triton kernel in every block: "
                                 "the fused softmax comparator for speed and memory", patch=use_flash,
                      needs=("triton",)),

@@ -48,10 +48,12 @@ class FeatureMapAttention:
     CPU and copied to each device once.
     """
 
-    def __init__(self, feature_map: str, projection: torch.Tensor | None = None, chunk: int | None = None) -> None:
+    def __init__(self, feature_map: str, projection: torch.Tensor | None = None, chunk: int | None = None,
+                 eager: bool = False) -> None:
         self.feature_map = feature_map
         self.projection = projection
         self.chunk = model_chunk() if chunk is None else chunk
+        self.eager = eager
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def _projection(self, device: torch.device) -> torch.Tensor | None:
@@ -65,35 +67,41 @@ class FeatureMapAttention:
         f = feature_pair(q, k, self.feature_map, self._projection(q.device))
         if not causal:
             return linear_attention_reference(f.q, f.k, v, False, f.key_log_scale)
+        if self.eager:
+            return linear_attention_reference(f.q, f.k, v, True, f.key_log_scale)
         return linear_attention(f.q, f.k, v, True, f.key_log_scale, self.chunk)
 
     def __repr__(self) -> str:
         features = "" if self.projection is None else f", features={self.projection.shape[0]}"
-        return f"FeatureMapAttention({self.feature_map}{features}, chunk={self.chunk})"
+        how = "eager" if self.eager else f"chunk={self.chunk}"
+        return f"FeatureMapAttention({self.feature_map}{features}, {how})"
 
 
-def _check_head_dim(model: Transformer, features: int) -> int:
+def _check_head_dim(model: Transformer, features: int, eager: bool) -> None:
     head_dim = model.cfg.head_dim
-    if head_dim not in SUPPORTED_DIMS or features not in SUPPORTED_DIMS:
+    if not eager and (head_dim not in SUPPORTED_DIMS or features not in SUPPORTED_DIMS):
         raise ValueError(f"the linear-attention kernel supports head dims and feature dims {SUPPORTED_DIMS}; this "
                          f"model has head_dim {head_dim} and would use {features} features (set workload.model "
                          "d_model / n_heads)")
-    return head_dim
 
 
-def use_performer(model: Transformer) -> None:
-    """Every block attends through FAVOR+ features (``model_features(head_dim)``), its own seeded projection."""
-    head_dim = _check_head_dim(model, model_features(model.cfg.head_dim))
+def use_performer(model: Transformer, eager: bool = False) -> None:
+    """Every block attends through FAVOR+ features (``model_features(head_dim)``), its own seeded projection.
+    ``eager`` runs the causal sums as the reference's quadratic form in plain PyTorch (the same function, fast
+    enough on a CPU to train for hundreds of steps, where the interpreted kernel is not)."""
+    head_dim = model.cfg.head_dim
+    _check_head_dim(model, model_features(head_dim), eager)
     for i, block in enumerate(model.blocks):
         projection = orthogonal_projection(model_features(head_dim), head_dim,
                                            torch.Generator().manual_seed(_PROJECTION_SEED + i))
-        block.attn.attn_fn = FeatureMapAttention("performer", projection)
+        block.attn.attn_fn = FeatureMapAttention("performer", projection, eager=eager)
 
 
-def use_cosformer(model: Transformer) -> None:
-    """Every block attends through cosFormer's ReLU features with cos/sin re-weighting (F = 2 x head_dim)."""
-    _check_head_dim(model, 2 * model.cfg.head_dim)
-    model.set_attention(FeatureMapAttention("cosformer"))
+def use_cosformer(model: Transformer, eager: bool = False) -> None:
+    """Every block attends through cosFormer's ReLU features with cos/sin re-weighting (F = 2 x head_dim);
+    ``eager`` as ``use_performer``'s."""
+    _check_head_dim(model, 2 * model.cfg.head_dim, eager)
+    model.set_attention(FeatureMapAttention("cosformer", eager=eager))
 
 
 def use_flash(model: Transformer) -> None:

@@ -113,6 +113,10 @@ class LSHAttentionAblation(Ablation):
         "full": Arm(Role.BASELINE, "the embedded model's full (eager) causal attention in every block"),
         "lsh": Arm(description="causal-safe LSH attention (8 buckets, 2 rounds, window context/8) through the "
                                "Triton kernel in every block", patch=use_lsh_attention, needs=("triton",)),
+        # the arm above through the eager reference (same buckets and mask): trainable for hundreds of steps on
+        # a CPU (``--profile trained``)
+        "lsh_eager": Arm(description="lsh, computed by the eager reference",
+                         patch=functools.partial(use_lsh_attention, eager=True)),
         "flash_full": Arm(Role.PEER, "full causal attention through flash_attn's FA2 Triton kernel in every block: "
                                      "a fused full-attention comparator for speed and memory",
                           patch=use_full_flash_attention, needs=("triton",)),

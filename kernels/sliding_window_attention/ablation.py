@@ -128,6 +128,13 @@ class SlidingWindowAttention(Ablation):
                                             "attention",
                                 patch=functools.partial(use_window_attention, keep_full_last=True),
                                 needs=("triton",)),
+        # the two arms above through eager masked attention: the same math, trainable for hundreds of steps on a
+        # CPU (``--profile trained``), where the interpreted kernel takes minutes per step
+        "window_eager": Arm(description="window, computed by eager masked attention (plain PyTorch)",
+                            patch=functools.partial(use_window_attention, eager=True)),
+        "window_last_full_eager": Arm(description="window_last_full, computed by eager masked attention",
+                                      patch=functools.partial(use_window_attention, keep_full_last=True,
+                                                              eager=True)),
         "flash_full": Arm(Role.PEER, "full causal attention through flash_attn's FA2 Triton kernel in every "
                                      "block: a fused full-attention comparator for speed and memory",
                           patch=use_full_flash_attention, needs=("triton",)),

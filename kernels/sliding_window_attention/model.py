@@ -14,6 +14,7 @@ from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope.api import Transformer
 
 from .kernel import SUPPORTED_HEAD_DIMS, sliding_window_attention
+from .reference import masked_attention
 
 __all__ = ["WindowAttention", "use_full_flash_attention", "use_window_attention", "window_for"]
 
@@ -30,28 +31,35 @@ class WindowAttention:
     ``causal=False`` for a one-token decode step over the cache. Both are the causal window here: the kernel
     aligns queries to the last keys, so the decode query is the last position and sees the last ``window``
     keys (and the global tokens), exactly what it saw as the last row of a prefill.
+
+    ``eager=True`` computes the same mask with ``reference.masked_attention`` in plain PyTorch: the window's
+    math at eager speed, so a CPU run can train long enough to separate the arms (the interpreted kernel
+    takes minutes per step); the kernel's equality with it is the operator-level accuracy check.
     """
 
-    def __init__(self, window: int, globals: int = 0) -> None:
+    def __init__(self, window: int, globals: int = 0, eager: bool = False) -> None:
         self.window = window
         self.globals = globals
+        self.eager = eager
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        return sliding_window_attention(q, k, v, None, self.window, self.globals, causal=True)
+        attend = masked_attention if self.eager else sliding_window_attention
+        return attend(q, k, v, None, self.window, self.globals, causal=True)
 
     def __repr__(self) -> str:
-        return f"WindowAttention(window={self.window}, globals={self.globals})"
+        return f"WindowAttention(window={self.window}, globals={self.globals}{', eager' if self.eager else ''})"
 
 
-def use_window_attention(model: Transformer, keep_full_last: bool = False) -> None:
+def use_window_attention(model: Transformer, keep_full_last: bool = False, eager: bool = False) -> None:
     """Every block attends through a causal window of ``window_for(context)``; with ``keep_full_last`` the
-    last block keeps the model's own full attention (the "full attention in the last layers" recipe)."""
-    if model.cfg.head_dim not in SUPPORTED_HEAD_DIMS:
+    last block keeps the model's own full attention (the "full attention in the last layers" recipe);
+    ``eager`` as ``WindowAttention``'s."""
+    if not eager and model.cfg.head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"the window kernel supports head dims {SUPPORTED_HEAD_DIMS}; this model's is "
                          f"{model.cfg.head_dim} (set workload.model d_model / n_heads)")
     if keep_full_last and len(model.blocks) < 2:
         raise ValueError("keeping full attention in the last block needs at least 2 blocks (n_layers >= 2)")
-    fn = WindowAttention(window_for(model.cfg.context))
+    fn = WindowAttention(window_for(model.cfg.context), eager=eager)
     windowed = model.blocks[:-1] if keep_full_last else model.blocks
     for block in windowed:
         block.attn.attn_fn = fn

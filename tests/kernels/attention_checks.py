@@ -39,3 +39,25 @@ def fwd_bwd(fn: Callable[..., torch.Tensor], tensors: list[torch.Tensor], do: to
     out = fn(*leaves, **(kwargs or {}), **kw)
     out.backward(do)
     return [out.detach()] + [t.grad for t in leaves]
+
+
+def assert_eager_arm_matches(patch_kernel: Callable[[Any], None], patch_eager: Callable[[Any], None],
+                             seed: int, context: int = 16, tokens: int = 20) -> None:
+    """A model-level ``_eager`` arm is its kernel arm's function: the same weights patched each way give the
+    same logits and the same parameter gradients of a next-token loss (fp32, kernel's rounding only)."""
+    from microscope.workloads import ModelConfig, build_model
+
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=2, context=context)
+    ids = torch.randint(0, 256, (2, tokens + 1), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    results = []
+    for patch in (patch_kernel, patch_eager):
+        model = build_model(cfg, seed=seed % 1000, device=DEVICE)
+        patch(model)
+        logits = model(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (kernel_logits, kernel_grads), (eager_logits, eager_grads) = results
+    torch.testing.assert_close(eager_logits, kernel_logits, rtol=1e-4, atol=1e-4)
+    assert kernel_grads.keys() == eager_grads.keys()
+    for name, grad in kernel_grads.items():
+        torch.testing.assert_close(eager_grads[name], grad, rtol=1e-3, atol=1e-5, msg=name)

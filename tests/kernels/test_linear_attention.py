@@ -9,12 +9,13 @@ floor``). Every test draws from the printed ``seed`` fixture; rerun one with ``M
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from attention_checks import DEVICE, DTYPES, error_limit
+from attention_checks import DEVICE, DTYPES, assert_eager_arm_matches, error_limit
 from attention_checks import fwd_bwd as _fwd_bwd
 from attention_checks import rel_err as _rel
 from microscope_kernels.linear_attention import kernel
@@ -397,6 +398,12 @@ def test_linear_arms_are_causal_and_decode_like_their_prefill(seed, patch):
         full = model(tokens)
         _, cache = model.prefill(tokens[:, :-1])
         torch.testing.assert_close(model.decode_step(tokens[:, -1], cache), full[:, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("patch", [use_performer, use_cosformer], ids=["performer", "cosformer"])
+def test_the_eager_arms_compute_the_kernel_arms_function(seed, patch):
+    """performer_eager / cosformer_eager (the CPU-trainable arms) give the kernel arms' logits and gradients."""
+    assert_eager_arm_matches(patch, functools.partial(patch, eager=True), seed)
 
 
 @pytest.mark.gpu

@@ -10,12 +10,13 @@ Every test draws from the printed ``seed`` fixture; rerun one with ``MICROSCOPE_
 from __future__ import annotations
 
 import bisect
+import functools
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from attention_checks import DEVICE, DTYPES, error_limit
+from attention_checks import DEVICE, DTYPES, assert_eager_arm_matches, error_limit
 from attention_checks import fwd_bwd as _fwd_bwd
 from attention_checks import rel_err as _rel
 from microscope_kernels.lsh_attention.ablation import LSHAttentionAblation
@@ -454,6 +455,12 @@ def test_model_with_lsh_is_causal_safe_and_decodes_like_its_prefill(seed):
         ref = full(tokens)
         use_lsh_attention(full, n_buckets=1, n_hashes=1, window=20)
         torch.testing.assert_close(full(tokens), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_eager_arm_computes_the_kernel_arms_function(seed):
+    """lsh_eager (the CPU-trainable arm) gives the lsh arm's logits and gradients."""
+    assert_eager_arm_matches(use_lsh_attention, functools.partial(use_lsh_attention, eager=True), seed, context=32,
+                             tokens=31)
 
 
 @pytest.mark.gpu

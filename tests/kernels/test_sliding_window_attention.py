@@ -8,13 +8,14 @@ Every test draws from the printed ``seed`` fixture; rerun one with ``MICROSCOPE_
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from attention_checks import DEVICE, DTYPES, error_limit
+from attention_checks import DEVICE, DTYPES, assert_eager_arm_matches, error_limit
 from attention_checks import fwd_bwd as _fwd_bwd
 from attention_checks import rel_err as _rel
 from microscope_kernels.sliding_window_attention import kernel
@@ -338,6 +339,14 @@ def test_window_arms_swap_every_block_or_all_but_the_last():
     assert kinds == [WindowAttention, WindowAttention, EagerAttention]
     with pytest.raises(ValueError, match="head dims"):
         use_window_attention(build_model(ModelConfig(n_layers=1, d_model=96, n_heads=2, context=16)))
+
+
+@pytest.mark.parametrize("keep_full_last", [False, True])
+def test_the_eager_arms_compute_the_kernel_arms_function(seed, keep_full_last):
+    """window_eager / window_last_full_eager (the CPU-trainable arms) give the kernel arms' logits and gradients."""
+    assert_eager_arm_matches(functools.partial(use_window_attention, keep_full_last=keep_full_last),
+                             functools.partial(use_window_attention, keep_full_last=keep_full_last, eager=True),
+                             seed)
 
 
 def test_a_window_as_long_as_the_context_is_full_causal_attention(seed):
