@@ -42,6 +42,10 @@ step() {  # step NAME MAX_SECONDS COMMAND...
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
+# pytest's version and any PYTEST_* variable: a device run once failed a test for want of the kernel tests'
+# conftest fixture 'seed', which a --noconftest in PYTEST_ADDOPTS would explain
+python3 -m pytest --version 2>&1 | head -1
+env | grep '^PYTEST' || echo "no PYTEST_* variables"
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default);
 # TESTS_S: its time limit (150 s)
