@@ -7,7 +7,7 @@ names and dimensions are chosen for ``microscope.stats.metric_kind``:
   example (``details.per_example``); ``future_leak`` carries a ``passed`` flag, so it is a pass/fail check;
 * ``stability`` and ``generalization``: one value per seed, compared as distributions over seeds;
 * ``throughput``: ``*_tokens_per_s`` rates (never ``*_ms``, which would be read as latency);
-* ``memory``: ``*_peak_bytes``.
+* ``memory``: bytes (``*_peak_bytes``, ``weight_bytes``, ``saved_activation_bytes``).
 
 ``STAGES`` lists, per stage of a trial, the metrics it produces, so that a stage that fails can record
 every metric it owed as failed, and a report never silently misses a row.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from microscope.measures.memory import LiveTensorBytes
+from microscope.measures.memory import LiveTensorBytes, saved_for_backward_bytes
 from microscope.seeding import derive_seed
 from microscope.stats.distributions import grad_norm_cv
 from microscope.workloads import (
@@ -38,6 +38,7 @@ from microscope.workloads import (
     Transformer,
     decode_throughput,
     generate_greedy,
+    lm_loss,
     peak_memory_inference,
     peak_memory_train_step,
     prefill_throughput,
@@ -90,8 +91,8 @@ def stage_metrics(task: str, fp16: bool) -> dict[str, list[tuple[str, str]]]:
         "generation": [("accuracy", "decode_loss"), ("accuracy", "decode_ppl"), ("accuracy", "greedy_agreement"),
                        ("memory", "kv_cache_bytes")],
         "inference": [("throughput", "prefill_tokens_per_s"), ("throughput", "decode_tokens_per_s")],
-        "memory": [("memory", "weight_bytes"), ("memory", "train_step_peak_bytes"),
-                   ("memory", "inference_peak_bytes")],
+        "memory": [("memory", "weight_bytes"), ("memory", "saved_activation_bytes"),
+                   ("memory", "train_step_peak_bytes"), ("memory", "inference_peak_bytes")],
     }
 
 
@@ -356,6 +357,23 @@ def weight_bytes(model: Transformer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def saved_activation_bytes(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor],
+                           precision_ctx: AbstractContextManager[Any]) -> int:
+    """What a training forward (and its loss) keeps for the backward, parameters excluded: the same on every
+    device, where a step's peak also holds weights, gradients and optimizer state. Checkpointed blocks
+    count what checkpointing keeps (their inputs), not what they recompute."""
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in batch)
+    model.train()
+
+    def forward() -> torch.Tensor:
+        with precision_ctx:
+            logits = model(x)
+        return lm_loss(logits, y)
+
+    return saved_for_backward_bytes(forward, exclude=[*model.parameters(), *model.buffers()])
+
+
 def memory(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor], recipe: TrainRecipe, prompt: torch.Tensor,
            decode_tokens: int, device: str, precision_ctx: AbstractContextManager[Any],
            train_step: bool = True) -> list[Measurement]:
@@ -373,6 +391,11 @@ def memory(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor], recipe:
     measured.append(_m("memory", "inference_peak_bytes", infer, "bytes", _LOWER, method=method,
                        prompt_shape=list(prompt.shape), new_tokens=decode_tokens))
     if train_step:
+        measured.append(_m("memory", "saved_activation_bytes", saved_activation_bytes(model, batch, precision_ctx),
+                           "bytes", _LOWER, batch_shape=list(batch[0].shape), precision=recipe.precision,
+                           checkpoint_every=recipe.checkpoint_every,
+                           definition="bytes autograd keeps from one training forward and loss for the "
+                                      "backward, the model's parameters excluded: the activation memory"))
         step = peak_memory_train_step(model, batch, recipe, probe=probe)
         measured.append(_m("memory", "train_step_peak_bytes", step, "bytes", _LOWER, method=method,
                            batch_shape=list(batch[0].shape), precision=recipe.precision,

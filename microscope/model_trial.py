@@ -298,7 +298,7 @@ class Trial:
         trains = not self.arm.inference_only
         if not trains:
             why = "inference-only arm: it does not train, so it has no train step to measure"
-            self.emit(Measurement("memory", "train_step_peak_bytes", None, reason=why, details=dict(self.common)),
-                      "skipped")
+            for metric in ("saved_activation_bytes", "train_step_peak_bytes"):
+                self.emit(Measurement("memory", metric, None, reason=why, details=dict(self.common)), "skipped")
         return memory(self.model, self._batches()(0), recipe, self._prompt(), self.workload.decode_tokens,
                       self.device, autocast(self.device, recipe.precision), train_step=trains)

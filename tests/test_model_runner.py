@@ -223,12 +223,29 @@ def test_cli_run_picks_the_model_runner_for_a_model_level_config(tmp_path, capsy
                      "--no-report", "--verbose"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "final loss" in out and "train peak MiB" in out and "every_1" in out
+    assert "final loss" in out and "train peak MiB" in out and "saved act MiB" in out and "every_1" in out
     records = [json.loads(line) for line in next((tmp_path / "out").glob("*/records.jsonl")).read_text().splitlines()]
     peaks = {r["variant"]: r["value"] for r in records if r["metric"] == "train_step_peak_bytes"}
     assert peaks["every_1"] < peaks["none"]  # checkpointing every block stores fewer activations
+    saved = {r["variant"]: r["value"] for r in records if r["metric"] == "saved_activation_bytes"}
+    assert 0 < saved["every_1"] < saved["none"] / 2  # it keeps each block's input, not what the block computes
     curves = {r["variant"]: r["details"]["curve"] for r in records if r["metric"] == "final_loss"}
     assert curves["every_1"] == curves["none"]  # recomputation is exact
+
+
+def test_saved_activation_bytes_are_the_activations_alone():
+    """The activation memory grows with the batch and holds no parameter: doubling the rows doubles it."""
+    import contextlib
+
+    from microscope.model_measures import saved_activation_bytes
+    from microscope.workloads import ModelConfig, build_model
+
+    model = build_model(ModelConfig(n_layers=2, d_model=64, n_heads=2, context=32))
+    gen = torch.Generator().manual_seed(0)
+    saved = [saved_activation_bytes(model, (torch.randint(0, 256, (b, 32), generator=gen),
+                                            torch.randint(0, 256, (b, 32), generator=gen)), contextlib.nullcontext())
+             for b in (4, 8)]
+    assert 1.98 < saved[1] / saved[0] <= 2.0  # with the ~0.5 MB of weights counted, it would be ~1.8
 
 
 def _half_scale_cache(model) -> None:

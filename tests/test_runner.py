@@ -159,6 +159,9 @@ def test_saved_bytes_count_the_distinct_storages_autograd_keeps_for_the_backward
     assert memory.saved_for_backward_bytes(lambda: x.exp()) == 400  # its output is kept
     assert memory.saved_for_backward_bytes(lambda: x * x) == 400  # one storage, counted once
     assert memory.saved_for_backward_bytes(lambda: x + y) == 0  # nothing is needed
+    w = torch.randn(100, 7, requires_grad=True)
+    assert memory.saved_for_backward_bytes(lambda: x.view(1, 100) @ w) == 400 + 2800  # matmul keeps both
+    assert memory.saved_for_backward_bytes(lambda: x.view(1, 100) @ w, exclude=[w]) == 400  # a held weight is not
     # a saved output (softmax keeps its result) is freed with its graph: packing the output itself once
     # made a cycle through C++ that kept every measured graph alive (610-834 MiB a group on the H200)
     import gc

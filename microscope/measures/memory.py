@@ -15,7 +15,7 @@ import gc
 import os
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -82,13 +82,15 @@ def peak_bytes(thunk: Callable[[], Any], device: str) -> tuple[int, str]:
     return _profiler_peak(thunk), "cpu_allocator_events"
 
 
-def saved_for_backward_bytes(forward: Callable[[], Any]) -> int:
+def saved_for_backward_bytes(forward: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> int:
     """Bytes of the distinct storages autograd keeps from one ``forward`` call for its backward.
 
     Saved inputs count too: inside a model they are activations that would otherwise be freed, which is
     what an activation-memory claim is about (a peak measured around one operator never sees them,
-    because the caller holds its inputs anyway).
+    because the caller holds its inputs anyway). Storages of ``exclude`` (a model's parameters, which are
+    held whether saved or not) are not counted.
     """
+    skip = {(t.device.type, t.untyped_storage().data_ptr()) for t in exclude}
     kept: dict[tuple[str, int], int] = {}
     held: list[torch.Tensor] = []  # alive until the forward ends, so no two saved storages share an address
 
@@ -96,7 +98,9 @@ def saved_for_backward_bytes(forward: Callable[[], Any]) -> int:
         # held here, not in the graph: packing the tensor itself makes an output its own grad_fn's saved
         # tensor, a reference cycle through C++ that the garbage collector cannot free (graphs stayed alive)
         storage = t.untyped_storage()
-        kept[(t.device.type, storage.data_ptr())] = storage.nbytes()
+        key = (t.device.type, storage.data_ptr())
+        if key not in skip:
+            kept[key] = storage.nbytes()
         held.append(t)
 
     def unpack(_: None) -> torch.Tensor:

@@ -32,6 +32,7 @@ _COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("recall acc 4x", "recall_acc_4x", ".3f", 1.0),
     ("steps to base", "steps_to_baseline_loss", ".1f", 1.0),
     ("train tok/s", "train_tokens_per_s", ",.0f", 1.0),
+    ("saved act MiB", "saved_activation_bytes", ".2f", 2.0**-20),
     ("train peak MiB", "train_step_peak_bytes", ".2f", 2.0**-20),
     ("weights MiB", "weight_bytes", ".2f", 2.0**-20),
     ("greedy agree", "greedy_agreement", ".3f", 1.0),
