@@ -85,20 +85,24 @@ def read_instrument(folder: Path, name: str) -> tuple[dict[str, Any] | None, lis
 
 
 def run_envs(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """The run's environment (the most common one across records) and a note if records disagree."""
+    """The run's environment (each field's most common value across records) and a note where records give a
+    field different values. A field some records lack is no disagreement: a trial that failed before its
+    workload loaded has no corpus fields."""
     envs = [r.get("env") if isinstance(r.get("env"), dict) else {} for r in rows]
-    if not envs:
-        return {}, []
-    keys = [json.dumps(e, sort_keys=True, default=str) for e in envs]
-    counts = Counter(keys)
-    top = counts.most_common(1)[0][0]
-    env = dict(envs[keys.index(top)])
+    seen: dict[str, dict[str, Any]] = {}  # field -> serialized value -> the value
+    counts: dict[str, Counter[str]] = {}
+    for e in envs:
+        for name, value in e.items():
+            key = json.dumps(value, sort_keys=True, default=str)
+            seen.setdefault(name, {}).setdefault(key, value)
+            counts.setdefault(name, Counter())[key] += 1
+    env = {name: seen[name][c.most_common(1)[0][0]] for name, c in counts.items()}
+    differing = sorted(name for name, c in counts.items() if len(c) > 1)
     notes = []
-    if len(counts) > 1:
-        names = sorted({k for e in envs for k in e})
-        differing = [k for k in names if len({json.dumps(e.get(k), default=str) for e in envs}) > 1]
-        notes.append(f"records disagree on their environment ({', '.join(differing)}); the env line shows "
-                     f"the most common one ({counts[top]} of {len(rows)} records)")
+    if differing:
+        shown = ", ".join(f"{name}: {len(counts[name])} values" for name in differing)
+        notes.append(f"records disagree on their environment ({shown}); the env line shows each field's most "
+                     "common value")
     return env, notes
 
 

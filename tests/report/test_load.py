@@ -53,4 +53,15 @@ def test_records_disagreeing_on_env_are_noted(default_run: Path) -> None:
     (default_run / "records.jsonl").write_text("\n".join(lines + [json.dumps(rec)]) + "\n")
     run = load_run(default_run)
     assert run.env["torch"] == "2.13.0"
-    assert any("disagree on their environment (torch)" in n for n in run.notes)
+    assert any("disagree on their environment (torch: 2 values)" in n for n in run.notes)
+
+
+def test_a_field_some_records_lack_is_no_disagreement(default_run: Path) -> None:
+    """A trial that failed before its workload loaded carries fewer env fields; that is not another machine."""
+    lines = (default_run / "records.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["env"] = {k: v for k, v in rec["env"].items() if k != "torch"}
+    (default_run / "records.jsonl").write_text("\n".join(lines + [json.dumps(rec)]) + "\n")
+    run = load_run(default_run)
+    assert run.env["torch"] == "2.13.0"
+    assert not any("disagree on their environment" in n for n in run.notes)
