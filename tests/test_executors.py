@@ -347,11 +347,16 @@ def test_no_early_worker_where_the_run_names_another_executor_and_an_unused_one_
     assert not unused.proc.is_alive() and not log.exists()
 
 
-def test_the_microscope_command_runs_on_its_early_worker(tmp_path: Path) -> None:
+def test_the_microscope_command_runs_on_its_early_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The console entry point (``main(early_worker=True)``): the run's one worker is the early one, and no
     log of it is left outside the run's folder."""
     import tempfile
 
+    # a temporary folder of this test's own: another test file's early worker, on the other xdist process,
+    # may write its log to the shared one meanwhile
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     before = set(Path(tempfile.gettempdir()).glob("microscope-worker-*.log"))
     cfg = _toy_config(tmp_path, "[9, 17]")
     code = cli.main(["run", str(cfg), "--device", "cpu", "--no-progress", "--no-report", "--out", str(tmp_path / "r"),
