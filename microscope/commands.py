@@ -530,7 +530,7 @@ def _save_comparison(folder: Path, settings: cfgmod.StatsConfig):  # noqa: ANN20
     """The statistics engine's verdict table of the run in ``folder``, saved next to its records."""
     from microscope.stats.run_table import save_run_table
 
-    return save_run_table(folder, alpha=settings.alpha, min_band=settings.min_band)
+    return save_run_table(folder, alpha=settings.alpha, min_band=settings.min_band, contrasts=settings.contrasts)
 
 
 def list_plugins(args: argparse.Namespace, console: Console) -> int:

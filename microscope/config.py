@@ -119,6 +119,8 @@ class StatsConfig:
 
     alpha: float = 0.05  # significance level (Holm-adjusted across the gating family)
     min_band: float = 0.01  # smallest latency change called real: tau = max(min_band, 2 x A/A noise)
+    # "a vs b": also compare variant (arm) a with variant b, beside each with the baseline (exploratory, not gated)
+    contrasts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -798,6 +800,8 @@ def _build(
             checked = _check_cases(value, dotted, where, problems)
         elif key == "sweep" and cls is RunConfig:
             checked = _check_sweep(value, dotted, where, problems)
+        elif cls is StatsConfig and key == "contrasts":
+            checked = _check_contrasts(value, dotted, where, problems)
         elif cls is WorkloadConfig and key in ("model", "recipe", "corpus"):
             checked = _check_overrides(value, _workload_schemas()[key], dotted, where, problems)
         else:
@@ -889,6 +893,29 @@ def _check_cases(value: Any, dotted: str, where: _Where, problems: list[str]) ->
             problems.append(where.problem(dotted, "empty list; give at least one grid such as '- {seq: [128]}'"))
         return tuple(_check_grid(item, f"{dotted}[{i}]", where, problems) for i, item in enumerate(value))
     return _check_grid(value, dotted, where, problems)
+
+
+def _check_contrasts(value: Any, dotted: str, where: _Where, problems: list[str]) -> tuple[tuple[str, str], ...]:
+    """``stats.contrasts``: "a vs b" strings (one, or a list) as (a, b) pairs; the names are checked against
+    the plugin later (``check_against_plugin``)."""
+    example = "e.g. 'contrasts: [window_last_full vs window]'"
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        problems.append(where.problem(dotted, f"expected a list of 'a vs b' strings, {example}"))
+        return ()
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        at = f"{dotted}[{i}]" if isinstance(value, list) else dotted
+        parts = [p.strip() for p in item.split(" vs ")] if isinstance(item, str) else []
+        if len(parts) != 2 or not all(parts):
+            problems.append(where.problem(at, f"{_show(item)} is not 'a vs b' (two variant names), {example}"))
+        elif parts[0] == parts[1]:
+            problems.append(where.problem(at, f"compares {_show(parts[0])} with itself; name two different variants"))
+        elif (parts[0], parts[1]) in out:
+            problems.append(where.problem(at, f"{_show(item)} is listed twice"))
+        else:
+            out.append((parts[0], parts[1]))
+    return tuple(out)
 
 
 def _check_sweep(value: Any, dotted: str, where: _Where, problems: list[str]) -> dict[str, dict[str, tuple]]:
@@ -1117,6 +1144,29 @@ def _check_sweep_against(config: RunConfig, plugin: Ablation, problems: list[str
         problems.append(config.problem("sweep", f"asks for {total} swept variants; at most {MAX_SWEPT_VARIANTS}"))
 
 
+def _check_contrasts_against(config: RunConfig, plugin: Ablation, level: str, problems: list[str]) -> None:
+    """Both sides of each contrast are variants (arms) this run includes, and neither is the baseline, which
+    every variant is compared with already."""
+    kinds = plugin.arms if level == "model" else dict(plugin.iter_variants())
+    baseline = next((n for n, v in kinds.items() if v.role is Role.BASELINE), None)
+    chosen = set(config.variants)
+    for i, pair in enumerate(config.stats.contrasts):
+        at = f"stats.contrasts[{i}]" if len(config.stats.contrasts) > 1 else "stats.contrasts"
+        for name in pair:
+            own = name.split("[", 1)[0] if name.endswith("]") and name.split("[", 1)[0] in config.sweep else name
+            if own not in kinds:
+                close = difflib.get_close_matches(name, list(kinds), n=1) if len(name) <= 100 else []
+                hint = f"did you mean {close[0]!r}?" if close else f"the plugin has {', '.join(kinds)}"
+                problems.append(config.problem(at, f"no {'arm' if level == 'model' else 'variant'} {_show(name)}; "
+                                                   f"{hint}"))
+            elif own == baseline:
+                problems.append(config.problem(at, f"{_show(name)} is the baseline, which every variant is "
+                                                   "compared with already; contrast two other variants"))
+            elif chosen and own not in chosen:
+                problems.append(config.problem(at, f"{_show(name)} is not in this run's variants; add it to "
+                                                   "'variants:' or drop the contrast"))
+
+
 def effective_level(config: RunConfig, plugin: Ablation) -> str:
     """``operator`` or ``model``: the config's ``level``, or for ``auto`` operator when the plugin has it."""
     if config.level != "auto":
@@ -1149,6 +1199,7 @@ def check_against_plugin(config: RunConfig, plugin: Ablation) -> None:
         problems.append(config.problem("level", f"plugin {plugin.name!r} has no {level} level; it supports "
                                                 f"{', '.join(plugin.levels)}"))
         raise ConfigError(problems)
+    _check_contrasts_against(config, plugin, level, problems)
     if level == "model":
         names = list(plugin.arms)
         for i, name in enumerate(config.variants):

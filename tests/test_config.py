@@ -397,3 +397,35 @@ def test_bad_set_arguments(arg, expected):
     with pytest.raises(ConfigError) as info:
         cfgmod.parse_assignment(arg)
     assert str(info.value).startswith(expected) or expected in str(info.value)
+
+
+def test_contrasts_are_pairs_of_the_runs_variants():
+    cfg = cfgmod.loads(f"plugin: toy_gelu\nplugins: [{TOY}]\nstats:\n  contrasts: [fused vs memo, zeros vs fused]\n")
+    assert cfg.stats.contrasts == (("fused", "memo"), ("zeros", "fused"))
+    cfgmod.check_against_plugin(cfg, _plugin())
+    one = cfgmod.loads(f"plugin: toy_gelu\nplugins: [{TOY}]\n", overrides={"stats.contrasts": "fused vs memo"})
+    assert one.stats.contrasts == (("fused", "memo"),)
+
+
+def test_a_malformed_contrast_names_its_line_and_the_form():
+    msg = problems("plugin: toy_gelu\nstats:\n  contrasts:\n    - fused versus memo\n    - memo vs memo\n")
+    assert msg.splitlines() == [
+        "ablations/bad.yaml:4: stats.contrasts[0]: 'fused versus memo' is not 'a vs b' (two variant names), "
+        "e.g. 'contrasts: [window_last_full vs window]'",
+        "ablations/bad.yaml:5: stats.contrasts[1]: compares 'memo' with itself; name two different variants",
+    ]
+
+
+def test_a_contrast_with_the_baseline_an_unknown_or_an_unselected_variant_is_refused():
+    text = (f"plugin: toy_gelu\nplugins: [{TOY}]\nvariants: [fused]\nstats:\n"
+            "  contrasts: [fused vs eager, fusd vs fused, memo vs fused]\n")
+    cfg = cfgmod.loads(text, "ablations/bad.yaml")
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_against_plugin(cfg, _plugin())
+    assert info.value.problems == [
+        "ablations/bad.yaml:5: stats.contrasts[0]: 'eager' is the baseline, which every variant is compared with "
+        "already; contrast two other variants",
+        "ablations/bad.yaml:5: stats.contrasts[1]: no variant 'fusd'; did you mean 'fused'?",
+        "ablations/bad.yaml:5: stats.contrasts[2]: 'memo' is not in this run's variants; add it to 'variants:' or "
+        "drop the contrast",
+    ]

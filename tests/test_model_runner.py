@@ -233,6 +233,28 @@ def test_cli_run_picks_the_model_runner_for_a_model_level_config(tmp_path, capsy
     assert curves["every_1"] == curves["none"]  # recomputation is exact
 
 
+def test_a_contrast_compares_two_arms_in_the_saved_table_and_the_console(tmp_path, capsys):
+    config = tmp_path / "gc.yaml"
+    config.write_text("plugin: grad_checkpoint\nlevel: model\nseed: 1\nvariants: [every_1, every_2]\n"
+                      "stats: {contrasts: [every_1 vs every_2]}\n"
+                      "dimensions: {throughput: {enabled: false}}\n" + WORKLOAD)
+    code = cli.main(["run", str(config), "--device", "cpu", "--out", str(tmp_path / "out"), "--no-progress",
+                     "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    import pandas as pd
+
+    table = pd.read_csv(next((tmp_path / "out").glob("*/comparison.csv")))
+    contrast = table[table["vs"] == "contrast"]
+    assert set(contrast["candidate"]) == {"every_1"} and set(contrast["baseline"]) == {"every_2"}
+    assert not contrast["gated"].any()
+    memory = contrast[contrast["metric"] == "saved_activation_bytes"].iloc[0]
+    assert memory["verdict"] == "less" and memory["ratio_or_delta"] < 1  # every block keeps less than every other
+    loss = contrast[contrast["metric"] == "val_loss"].iloc[0]
+    assert loss["ratio_or_delta"] == 0 and loss["verdict"] != "worse"  # recomputation is exact
+    assert "every_1 vs every_2" in out
+
+
 def test_saved_activation_bytes_are_the_activations_alone():
     """The activation memory grows with the batch and holds no parameter: doubling the rows doubles it."""
     import contextlib

@@ -25,6 +25,7 @@ from microscope.stats.metrics import (
     SAVED_BYTES,
     SIGNIFICANT_VERDICTS,
     SPEED_ONLY,
+    VS_CONTRAST,
 )
 
 from . import fmt
@@ -321,6 +322,9 @@ def from_comparison(table: pd.DataFrame, ranks: dict[str, int] | None = None) ->
             tone = "neutral"  # the interpreter's memory, not the kernel's: shown, not a finding
         if tone != "bad" and (rows["role"] == "peer").all():
             tone = "neutral"  # a peer is compared, not judged
+        if "vs" in rows.columns and (rows["vs"] == VS_CONTRAST).all():
+            text += " (contrast, not gated)"
+            tone = "neutral" if tone == "bad" else tone  # a finding, never a failure: the gate does not read it
         out.append(Headline(str(dim), text, tone, dict(counts)))
     if skipped:
         out.append(skipped_headline(skipped))

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from microscope.gate import GateResult
+from microscope.stats.metrics import VS_CONTRAST
 
 from . import fmt
 from .caveats import caveats
@@ -93,12 +94,13 @@ def rows_table(rows: pd.DataFrame, labels: dict[str, str], limit: int = MAX_ROWS
                      ("metric", {"max_width": 14}), ("effect [95% CI]", {}), ("verdict", {"min_width": 8})):
         table.add_column(name, no_wrap=True, overflow="ellipsis", **kw)
     for _, row in rows.head(limit).iterrows():
-        best = str(row.get("vs", "")) == "best_peer"
+        best, contrast = str(row.get("vs", "")) == "best_peer", str(row.get("vs", "")) == VS_CONTRAST
         verdict = str(row["verdict"])
         if "interpreter" in str(row["notes"]):
             verdict += "*"
         metric = str(row["metric"])
-        table.add_row(Text(str(row["candidate"])), Text(str(row["baseline"]) + ("\u2020" if best else "")),
+        mark = "\u2020" if best else "\u2021" if contrast else ""
+        table.add_row(Text(str(row["candidate"])), Text(str(row["baseline"]) + mark),
                       Text(labels.get(str(row["case_id"]), "")), Text(_SHORT_METRIC.get(metric, metric)),
                       Text(f"{_effect(row)} {_ci(row)}" if _ci(row) != "-" else _effect(row)),
                       Text(verdict, style=_VERDICT_STYLE.get(str(row["verdict"]), "")))
@@ -123,6 +125,8 @@ def print_verdicts(console: Console, run: RunData, gate: GateResult | None) -> N
             speed_only = rows["notes"].astype(str).str.contains("fastest speed-only").any()
             kind = "correct or speed-only" if speed_only else "correct"
             keys.append(f"\u2020 the fastest {kind} peer of the case")
+        if (rows.get("vs", pd.Series(dtype=str)).astype(str) == VS_CONTRAST).any():
+            keys.append("\u2021 a contrast (stats.contrasts): reported, not gated")
         if rows["notes"].astype(str).str.contains("interpreter").any():
             keys.append("* run by the Triton interpreter: not gated")
         if keys:

@@ -5,7 +5,7 @@ and the verdict words every layer shares (the statistics engine, ``compare``, th
 from __future__ import annotations
 
 __all__ = ["FIGURES", "INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "SPEED_ONLY",
-           "VS_BASELINE", "VS_BEST_PEER", "higher_is_better", "memory_verdict", "metric_kind"]
+           "VS_BASELINE", "VS_BEST_PEER", "VS_CONTRAST", "higher_is_better", "memory_verdict", "metric_kind"]
 
 #: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
 #: few blocks with the allocator's history.
@@ -14,8 +14,9 @@ MEMORY_BAND = 0.001
 SIGNIFICANT_VERDICTS = frozenset({"faster", "slower", "better", "worse", "higher", "lower", "less", "more"})
 #: The verdict of a speed or memory row whose variant fails accuracy in that case.
 NOT_JUDGED = "not judged"
-#: ``vs`` column: what the candidate is compared with.
-VS_BASELINE, VS_BEST_PEER = "baseline", "best_peer"
+#: ``vs`` column: what the candidate is compared with (the baseline, the fastest correct peer of the case,
+#: or another variant named by the config's ``stats.contrasts``).
+VS_BASELINE, VS_BEST_PEER, VS_CONTRAST = "baseline", "best_peer", "contrast"
 INTERPRETER_TIMING = "not gated: interpreter timing"
 #: The accuracy record of a ``Variant(checked=False)`` peer.
 SPEED_ONLY = "speed only: a peer that computes different math (checked=False), timed but not accuracy-checked"

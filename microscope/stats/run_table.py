@@ -8,6 +8,7 @@ says how many seeds it needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -20,11 +21,13 @@ from .table import compare_records, save_table
 __all__ = ["save_run_table"]
 
 
-def save_run_table(folder: Path, alpha: float = 0.05, min_band: float = 0.01) -> pd.DataFrame:
-    """Compute the run's comparison table from its records, save it next to them, and return it."""
+def save_run_table(folder: Path, alpha: float = 0.05, min_band: float = 0.01,
+                   contrasts: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
+    """Compute the run's comparison table from its records, save it next to them, and return it;
+    ``contrasts`` are the config's ``stats.contrasts`` pairs."""
     plan = SequentialPlan.load(folder)
     level = plan.alpha_per_look if plan is not None else alpha
-    table = compare_records(records_frame(folder), alpha=level, min_band=min_band)
+    table = compare_records(records_frame(folder), alpha=level, min_band=min_band, contrasts=contrasts)
     if plan is not None and len(table):
         notes = [plan.note(row) for _, row in table.iterrows()]
         table["notes"] = [f"{old}; {new}" if new and old else (new or old)

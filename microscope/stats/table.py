@@ -36,6 +36,11 @@ model accuracy, same order for every variant), ``shares_baseline_weights``, ``re
 from the metric name), ``per_seed`` (distribution values when one record holds all seeds),
 ``reasons`` (why a numerics check failed).
 
+Contrasts (``contrasts=[(a, b)]``, the config's ``stats.contrasts``) compare variant ``a`` with variant
+``b`` the same way (``vs`` = "contrast", ``baseline`` = b): the question a recipe with two candidates
+asks ("does full attention in the last layer beat the window everywhere?"). They are exploratory and
+never gated; metrics defined against the baseline's output are left out of them.
+
 Multiple comparisons (``microscope.stats.multiple``), per ``family_by`` group (default: per plugin,
 each plugin being its own claim): Holm over the *gating* family (candidates' latency and
 model-accuracy tests), Benjamini-Hochberg over the *exploratory* rows (peers, stability,
@@ -68,6 +73,7 @@ from .metrics import (
     SIGNIFICANT_VERDICTS,
     VS_BASELINE,
     VS_BEST_PEER,
+    VS_CONTRAST,
     higher_is_better,
     memory_verdict,
     metric_kind,
@@ -75,7 +81,7 @@ from .metrics import (
 from .multiple import benjamini_hochberg, holm
 
 __all__ = ["INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "TABLE_COLUMNS", "VS_BASELINE",
-           "VS_BEST_PEER", "compare_records", "higher_is_better", "incorrect_variants", "memory_verdict",
+           "VS_BEST_PEER", "VS_CONTRAST", "compare_records", "higher_is_better", "incorrect_variants", "memory_verdict",
            "metric_kind", "save_table"]
 
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -527,7 +533,8 @@ def _compare_group(key: tuple[str, ...], grp: pd.DataFrame, opts: dict[str, Any]
                     "compared the rest"
                 )
             try:
-                opts["rng"] = make_rng(opts["seed"], plugin, case_id, dimension, metric, variant)
+                opts["rng"] = make_rng(opts["seed"], plugin, case_id, dimension, metric, variant,
+                                       *opts.get("rng_keys", ()))
                 base_used, ok = _common_seeds(row, base_ok, ok) if kind in _PER_SEED else (base_ok, ok)
                 _HANDLERS[kind](row, base_used, ok, opts)
             except Exception as exc:  # a malformed record must not take the whole table down
@@ -570,6 +577,7 @@ def compare_records(
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = 0,
     family_by: str | None = "plugin",
+    contrasts: Sequence[tuple[str, str]] = (),
 ) -> pd.DataFrame:
     """The comparison table of a run's records (see the module docstring); columns ``TABLE_COLUMNS``.
 
@@ -580,6 +588,7 @@ def compare_records(
     ``seed`` seeds every bootstrap (each row derives its own stream from it and the row's keys, so
     rows do not depend on each other). ``family_by`` is the
     column whose values delimit multiple-comparison families (None: the whole table is one family).
+    ``contrasts``: (candidate, reference) variant pairs compared as well (module docstring).
     """
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
@@ -601,6 +610,7 @@ def compare_records(
         rows.extend(_compare_group(tuple(key), grp, opts))
     wrong = incorrect_variants(df)
     rows.extend(_best_peer_rows(df, wrong, opts))
+    rows.extend(_contrast_rows(df, contrasts, opts))
     _judge_only_correct(rows, wrong)
     _adjust(rows, alpha, family_by)
     return _to_frame(rows)
@@ -632,10 +642,14 @@ def _judge_only_correct(rows: list[_Row], wrong: dict[tuple[str, str, str], str]
         if row.dimension not in ("throughput", "memory") or row.verdict in ("failed", "skipped"):
             continue
         why = wrong.get((row.plugin, row.case_id, row.candidate))
+        whose = "fails accuracy"
+        if why is None and row.vs == VS_CONTRAST:
+            why = wrong.get((row.plugin, row.case_id, row.baseline))
+            whose = f"its reference {row.baseline} fails accuracy"
         if why is None:
             continue
         row.verdict, row.family, row.p_adj = NOT_JUDGED, None, math.nan
-        row.notes.insert(0, f"not judged: fails accuracy ({_clip(why, 160)})")
+        row.notes.insert(0, f"not judged: {whose} ({_clip(why, 160)})")
 
 
 def _clip(text: str, n: int) -> str:
@@ -676,6 +690,50 @@ def _best_peer_rows(df: pd.DataFrame, wrong: dict[tuple[str, str, str], str], op
             row.notes.insert(0, f"vs the fastest {what} peer in this case ({best}, of {len(medians)})")
             out.append(row)
     return out
+
+
+def _contrast_rows(df: pd.DataFrame, contrasts: Sequence[tuple[str, str]], opts: dict[str, Any]) -> list[_Row]:
+    """Each (candidate, reference) pair compared like a candidate with the baseline: exploratory, not gated.
+
+    A metric measured against the baseline's own output (``relative_to_baseline``, e.g. greedy agreement)
+    says nothing about the pair and is left out, as are pass/fail checks (each variant's own verdict).
+    Per-token losses are pooled across seeds only when both arms evaluate the baseline's weights;
+    otherwise the training run is the unit, as for the baseline.
+    """
+    out: list[_Row] = []
+    for cand, ref in contrasts:
+        sub = df[df["variant"].isin([cand, ref])]
+        if not (sub["variant"] == cand).any() or not (sub["variant"] == ref).any():
+            continue  # a variant the run did not include (a --set variants subset)
+        role = str(sub.loc[sub["variant"] == cand, "role"].iloc[0])
+        sub = sub.assign(role=np.where(sub["variant"] == ref, "baseline", "candidate"))
+        # a check with a pass flag judges each variant on its own; a metric measured against the baseline's
+        # output says nothing about the pair
+        own = sub.apply(lambda rec: bool(_detail(rec, "relative_to_baseline")) or not _missing(rec["passed"]), axis=1)
+        sub = sub[~sub.set_index(_KEYS).index.isin(sub[own].set_index(_KEYS).index)]
+        ref_shares = sub[sub["variant"] == ref].apply(lambda rec: bool(_detail(rec, "shares_baseline_weights")), axis=1)
+        if not ref_shares.any():
+            sub = _without_detail(sub, "shares_baseline_weights")
+        keyed = {**opts, "rng_keys": (VS_CONTRAST, ref)}
+        for key, grp in sub.groupby(_KEYS, sort=False):
+            for row in _compare_group(tuple(key), grp, keyed):
+                row.role, row.vs, row.gated = role, VS_CONTRAST, False
+                if row.family is not None:
+                    row.family = "exploratory"
+                row.notes.insert(0, f"contrast: {cand} vs {ref} (stats.contrasts; not gated)")
+                out.append(row)
+    return out
+
+
+def _without_detail(df: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``df`` with ``details.<key>`` cleared, in the normalized column and in a ``details`` dict alike."""
+    df = df.copy()
+    if f"details.{key}" in df.columns:
+        df[f"details.{key}"] = None
+    if "details" in df.columns:
+        df["details"] = df["details"].map(lambda d: {k: v for k, v in d.items() if k != key} if isinstance(d, dict)
+                                          else d)
+    return df
 
 
 def _to_frame(rows: list[_Row]) -> pd.DataFrame:

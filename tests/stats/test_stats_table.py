@@ -351,3 +351,94 @@ def test_best_peer_row_uses_the_fastest_correct_peer():
     assert "fastest correct peer" in best.notes and not best.gated
     cheat = row(table, "latency_ms", "cheat")
     assert cheat.verdict == "not judged"
+
+
+def _model_records(arms, seeds=4, tokens=400, shares=()):
+    """Per-token losses per (arm, seed): each arm's mean shift over the baseline's and per-seed training
+    noise; ``shares`` arms carry the baseline's weights (inference-only) and no training noise."""
+    rng = np.random.default_rng(11)
+    recs = []
+    for s in range(seeds):
+        base = rng.gamma(2.0, 1.5, tokens)
+        for variant, role, shift in arms:
+            noise = 0.0 if variant in shares or role == "baseline" else rng.normal(0.0, 0.01)
+            per_token = base + shift + noise + rng.normal(0.0, 0.05, tokens)
+            details = {"per_token": per_token.tolist()}
+            if variant in shares:
+                details["shares_baseline_weights"] = True
+            common = {"case_id": "model", "seed": s, "variant": variant, "role": role}
+            recs.append(record(dimension="accuracy", metric="val_loss", value=float(per_token.mean()),
+                               details=details, **common))
+            recs.append(record(dimension="accuracy", metric="greedy_agreement", value=1.0 - shift,
+                               details={"relative_to_baseline": True}, **common))
+    return recs
+
+
+def test_a_contrast_compares_two_candidates_and_leaves_the_baseline_rows_as_they_were():
+    arms = (("full", "baseline", 0.0), ("window", "candidate", 0.0), ("last_full", "candidate", 0.06))
+    recs = _model_records(arms)
+    plain = compare_records(recs, n_boot=N_BOOT)
+    table = compare_records(recs, n_boot=N_BOOT, contrasts=[("last_full", "window")])
+    pd.testing.assert_frame_equal(table[table.vs == "baseline"].reset_index(drop=True), plain)
+    contrast = table[table.vs == "contrast"]
+    assert contrast.metric.tolist() == ["val_loss"]  # greedy agreement is measured against the baseline only
+    row = contrast.iloc[0]
+    assert (row.candidate, row.baseline, row.role) == ("last_full", "window", "candidate")
+    assert row.verdict == "worse" and row.ratio_or_delta == pytest.approx(0.06, abs=0.02)
+    assert row.ci_low > 0 and not row.gated
+    assert "the training run is the unit" in row.notes and "contrast: last_full vs window" in row.notes
+
+
+def test_a_contrast_of_two_equal_candidates_is_not_significant():
+    arms = (("full", "baseline", 0.0), ("a", "candidate", 0.05), ("b", "candidate", 0.05))
+    row = compare_records(_model_records(arms), n_boot=N_BOOT, contrasts=[("a", "b")]).query("vs == 'contrast'")
+    assert row.verdict.iloc[0] in ("inconclusive", "equivalent")
+    assert row.ci_low.iloc[0] < 0 < row.ci_high.iloc[0]
+
+
+def test_a_contrast_pools_tokens_only_when_both_arms_evaluate_the_baselines_weights():
+    arms = (("full", "baseline", 0.0), ("int8", "candidate", 0.01), ("int4", "candidate", 0.03),
+            ("qat", "candidate", 0.02))
+    table = compare_records(_model_records(arms, shares=("int8", "int4")), n_boot=N_BOOT,
+                            contrasts=[("int4", "int8"), ("qat", "int8")])
+    shared = table[(table.vs == "contrast") & (table.candidate == "int4")].iloc[0]
+    assert "the training run is the unit" not in shared.notes and shared.n > 1000  # tokens, pooled over seeds
+    assert shared.verdict == "worse"
+    mixed = table[(table.vs == "contrast") & (table.candidate == "qat")].iloc[0]
+    assert "the training run is the unit" in mixed.notes and mixed.n == 4  # a trained arm: seeds are the unit
+
+
+def test_a_speed_contrast_uses_the_same_rounds_and_is_not_judged_against_a_wrong_reference():
+    rng = np.random.default_rng(5)
+    lat = {"dimension": "throughput", "metric": "latency_ms"}
+    acc = {"dimension": "accuracy", "metric": "rel_err"}
+    recs = []
+    for variant, role, ratio, ok in (("ref", "baseline", 1.0, True), ("v2", "candidate", 0.8, True),
+                                     ("v1", "candidate", 0.6, True), ("bad", "candidate", 0.5, False)):
+        recs.append(record(variant=variant, role=role, value=ratio,
+                           details={"rounds": latency_rounds(rng, ratio), "reps": 10}, **lat))
+        recs.append(record(variant=variant, role=role, value=1e-7 if ok else 0.5, passed=ok, **acc))
+    table = compare_records(recs, n_boot=N_BOOT, contrasts=[("v2", "v1"), ("v1", "bad")])
+    assert not ((table.vs == "contrast") & (table.dimension == "accuracy")).any()  # pass/fail: each on its own
+    speed = table[(table.vs == "contrast") & (table.metric == "latency_ms")].set_index("candidate")
+    assert speed.loc["v2", "verdict"] == "slower"
+    assert speed.loc["v2", "ratio_or_delta"] == pytest.approx(0.8 / 0.6, rel=0.05)
+    assert speed.loc["v1", "verdict"] == "not judged" and "its reference bad fails accuracy" in speed.loc["v1", "notes"]
+
+
+def test_a_contrast_naming_a_variant_the_run_lacks_adds_no_rows():
+    arms = (("full", "baseline", 0.0), ("window", "candidate", 0.0))
+    table = compare_records(_model_records(arms), n_boot=N_BOOT, contrasts=[("last_full", "window")])
+    assert not (table.vs == "contrast").any()
+
+
+def test_a_worse_contrast_does_not_fail_the_gate():
+    """Contrasts answer a question about two candidates; the exit code stays about the baseline."""
+    from microscope.gate import EXIT_OK, evaluate
+
+    arms = (("full", "baseline", 0.0), ("window", "candidate", 0.0), ("last_full", "candidate", 0.06))
+    table = compare_records(_model_records(arms), n_boot=N_BOOT, contrasts=[("last_full", "window")])
+    # last_full's own rows against the baseline would fail the gate; keep window's and the contrast
+    seen = table[(table.candidate == "window") | (table.vs == "contrast")]
+    assert seen[seen.vs == "contrast"].verdict.tolist() == ["worse"]
+    assert evaluate(seen, pd.DataFrame([{"variant": "window", "status": "ok"}])).exit_code == EXIT_OK
