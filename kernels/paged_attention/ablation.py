@@ -30,6 +30,7 @@ from microscope_kernels.paged_attention.reference import (
     flex_decode_attention,
     sdpa_decode_attention,
 )
+from microscope_kernels.paged_attention.serving import chat_and_documents, serve
 
 from microscope.api import Ablation, Case, Figure, Tolerance, baseline, candidate, grid, peer, randn, register
 
@@ -43,6 +44,12 @@ PAGED_PARAMS = {"split_len": 0, "block_t": 0, "stages": 0}
 #: Length distributions of the capacity figures' request streams (``capacity.mixed_workload``): mostly short
 #: (chat traffic), and uniform.
 CAPACITY_WORKLOADS = ("loguniform", "uniform")
+#: Serve-mode cases' serving figures (``serving.serve``): offered loads, in multiples of what the case's
+#: contiguous cache serves; the client's deadline in steps as a share of ``tokens`` (twice a long request's
+#: output); the stream's length in deadlines (long enough for the queue to settle).
+SERVING_LOADS = (1.0, 2.0, 4.0, 8.0)
+SERVING_DEADLINE = 1 / 16
+SERVING_DEADLINES = 12
 
 
 def workload_lengths(batch: int, tokens: int, lengths: str) -> list[int]:
@@ -132,6 +139,23 @@ def _check_case(case: Case) -> list[int]:
     return workload_lengths(case["batch"], case["tokens"], case["lengths"])
 
 
+
+def _serving_figures(case: Case, paged: dict[str, Figure], contiguous: dict[str, Figure]) -> None:
+    """Share of requests served within the deadline (all, and the long-text ones) under ``serving.serve``'s
+    policy, for a seeded chat-and-documents stream at each of ``SERVING_LOADS`` times the rate the case's
+    contiguous cache (``batch`` slots of ``tokens``) serves; paged in blocks of the case's ``block``."""
+    slots, max_len = case["batch"], case["tokens"]
+    deadline = max(1, int(SERVING_DEADLINE * max_len))
+    for load in SERVING_LOADS:
+        stream = chat_and_documents(SERVING_DEADLINES * deadline, max_len, WORKLOAD_SEED, load=load, slots=slots)
+        note = (f"load {load:g}x the contiguous cache's rate, deadline {deadline} steps, "
+                f"{sum(r.long for r in stream)} of {len(stream)} requests long")
+        for figs, block in ((paged, case["block"]), (contiguous, None)):
+            got = serve(stream, slots * max_len, max_len, deadline, block)
+            figs[f"served.load{load:g}"] = Figure(got.success, "ratio", True, note)
+            figs[f"served_long.load{load:g}"] = Figure(got.long_success, "ratio", True, note)
+
+
 @register("paged_attention")
 class PagedAttention(Ablation):
     """One decode step (one query token per sequence and head) over a paged vs a contiguous KV cache.
@@ -189,7 +213,8 @@ class PagedAttention(Ablation):
         """Sequences admitted and fragmentation (``capacity.capacity``), paged for ``triton_paged`` and
         contiguous for the others, in the budget of this case's contiguous cache (``batch`` x ``tokens``
         slots, so the contiguous layout admits ``batch``) from seeded request streams of lengths on [1,
-        ``tokens``], one request more than the budget has blocks (``WORKLOAD_SEED``; one per distribution)."""
+        ``tokens``], one request more than the budget has blocks (``WORKLOAD_SEED``; one per distribution).
+        Serve-mode cases add the serving simulation's success rates (``_serving_figures``)."""
         _check_case(case)
         layout = CacheLayout(case["heads"], case["head_dim"], case.dtype, case["block"])
         budget = case["batch"] * case["tokens"] * layout.token_bytes
@@ -204,6 +229,8 @@ class PagedAttention(Ablation):
                 figs[f"admitted.{dist}"] = Figure(admission.admitted, "sequences", True, note)
                 figs[f"fragmentation.{dist}"] = Figure(admission.fragmentation, "ratio", False,
                                                        "reserved but unused bytes / reserved bytes")
+        if case["mode"] == "serve":
+            _serving_figures(case, paged, contiguous)
         return {name: paged if name == "triton_paged" else contiguous for name in self.variants}
 
     def flops(self, case: Case, backward: bool = False) -> float | None:
