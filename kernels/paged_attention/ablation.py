@@ -139,7 +139,6 @@ def _check_case(case: Case) -> list[int]:
     return workload_lengths(case["batch"], case["tokens"], case["lengths"])
 
 
-
 def _serving_figures(case: Case, paged: dict[str, Figure], contiguous: dict[str, Figure]) -> None:
     """Share of requests served within the deadline (all, and the long-text ones) under ``serving.serve``'s
     policy, for a seeded chat-and-documents stream at each of ``SERVING_LOADS`` times the rate the case's
