@@ -18,6 +18,29 @@ ATTENTION_TOLERANCE = {
     "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
 }
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: float64 scores a chunked ground truth holds per step (1 GiB): a long case's truth fits beside the variants'
+#: buffers, where the plain baseline on float64 copies would hold B*H*Sq*Sk scores (and their softmax) at once.
+TRUTH_SCORES = 1 << 27
+
+
+def truth_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Query rows per step of a chunked ground truth for q (B, H, Sq, D) and k (B, H, Sk, D): ``TRUTH_SCORES``
+    scores at a time."""
+    return max(1, TRUTH_SCORES // max(1, q.shape[0] * q.shape[1] * k.shape[-2]))
+
+
+def gpu_memory_refusal(need: int, device: str, share: float, what: str) -> str | None:
+    """A ``supports`` answer for a variant that holds ``need`` bytes at once (``what`` names them): None on a
+    CPU or where they fit in ``share`` of the GPU memory available now (free, plus what PyTorch's allocator
+    holds unused), else the reason the case is skipped, so a smaller card skips it instead of failing."""
+    if torch.device(device).type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if need <= share * available:
+        return None
+    return (f"{what} would hold {need / 2**30:.1f} GiB, more than {share:.0%} of the {available / 2**30:.1f} GiB "
+            "of GPU memory available")
 
 
 def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dims: Sequence[int]) -> None:

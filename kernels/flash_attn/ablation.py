@@ -11,7 +11,7 @@ query: chunked prefill, so the key length is ``seq + kv_prefix``), ``head_dim``,
 from __future__ import annotations
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, truth_rows
 
 from microscope.api import (
     Ablation,
@@ -113,6 +113,11 @@ class FlashAttention(Ablation):
 
     def grad_inputs(self, case: Case) -> tuple[str, ...]:
         return ("q", "k", "v")
+
+    def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
+        """The eager baseline on the float64 copies, a slice of query rows at a time, so that a 16k-token
+        case's truth fits beside the timed variants on an 80 GB card (at once it holds 64 GiB of scores)."""
+        return eager_attention(**inputs, rows_per_step=truth_rows(inputs["q"], inputs["k"]))
 
     def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
         """This shard of the kernel's autotuning candidates for the case's dtype, head dim, mask and

@@ -37,20 +37,32 @@ def causal_visible(sq: int, sk: int, device: torch.device | str | None = None) -
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None, rows_per_step: int | None = None) -> torch.Tensor:
     """``softmax(q @ k^T * sm_scale [masked]) @ v`` in q's dtype, step by step.
 
     Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D). ``sm_scale`` defaults to 1/sqrt(D). With ``causal``,
     queries that see no key (Sq > Sk) output zeros, as FlashAttention-2 and SDPA do, and get zero gradient.
+    ``rows_per_step`` evaluates that many query rows at a time (the same math, for a float64 truth whose
+    scores would not fit at once).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    sq = q.shape[-2]
+    visible = causal_visible(sq, k.shape[-2], q.device) if causal else None
+    step = max(1, sq if rows_per_step is None else rows_per_step)
+    outs = [_attend(q[..., r0:r0 + step, :], k, v, None if visible is None else visible[r0:r0 + step], scale)
+            for r0 in range(0, max(sq, 1), step)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    """Eager attention of a block of query rows; ``visible`` is their rows of the causal mask (None: no mask)."""
     # reads B*H*(Sq+Sk)*D, writes B*H*Sq*Sk
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if not causal:
+    if visible is None:
         # reads B*H*Sq*Sk, writes B*H*Sq*Sk
         probs = torch.softmax(scores, dim=-1)
     else:
-        visible = causal_visible(q.shape[-2], k.shape[-2], q.device)
         # reads and writes B*H*Sq*Sk
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1)

@@ -17,7 +17,6 @@ import torch
 from microscope_kernels.flash_attn.ablation import FlashAttention, peer_variant, triton_supports
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.peers import PEERS
-from microscope_kernels.flash_attn.reference import eager_attention
 
 from microscope.api import Case, baseline, candidate, error_budget, grid, register
 
@@ -71,7 +70,3 @@ class FlashAttentionFP8(FlashAttention):
         if device == "cuda" and _fp8_supports(case, device) is None:
             sq, sk = case["seq"], case["seq"] + case["kv_prefix"]
             compile_candidates(sq, sk, case["head_dim"], case.dtype, case["causal"], shard)
-
-    def reference(self, inputs: dict) -> torch.Tensor:
-        """Eager softmax attention (bottom-right causal mask) on the harness's float64 copies of the inputs."""
-        return eager_attention(**inputs)

@@ -20,7 +20,13 @@ from __future__ import annotations
 import functools
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, warm_short_call
+from microscope_kernels.attention_inputs import (
+    ATTENTION_TOLERANCE,
+    gpu_memory_refusal,
+    require_compiled,
+    truth_rows,
+    warm_short_call,
+)
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
 from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, grid, peer, randn, register
@@ -31,8 +37,6 @@ from .kernel import SUPPORTED_CHUNKS, SUPPORTED_DIMS
 from .model import use_cosformer, use_flash, use_performer
 from .peers import flash_attn_softmax, sdpa_flash_softmax, softmax_supports
 
-#: float64 elements of the (rows, Sk) matrices per step of the chunked ground truth (1 GiB each).
-_TRUTH_ELEMENTS = 1 << 27
 #: The share of the GPU memory available at a case's start that the eager form's forward (S x S) matrices may
 #: take: its backward holds gradients of the same size, and the allocator needs slack.
 QUADRATIC_SHARE = 2 / 3
@@ -88,13 +92,8 @@ def _eager_supports(case: Case, device: str) -> str | None:
         check_case(case)
     except ValueError:
         return None  # inputs() fails the case with the reason
-    free, _ = torch.cuda.mem_get_info(device)
-    available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    need = quadratic_bytes(case)
-    if need <= QUADRATIC_SHARE * available:
-        return None
-    return (f"the quadratic form would hold {need / 2**30:.1f} GiB of (S x S) matrices, more than "
-            f"{QUADRATIC_SHARE:.0%} of the {available / 2**30:.1f} GiB of GPU memory available")
+    return gpu_memory_refusal(quadratic_bytes(case), device, QUADRATIC_SHARE,
+                              "the quadratic form's (S x S) matrices")
 
 
 def linear_form_flops(batch: int, heads: int, seq: int, head_dim: int, features: int, feature_map: str,
@@ -177,9 +176,7 @@ class LinearAttention(Ablation):
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
         """The baseline's math on float64 copies, a slice of query rows at a time, so that the float64
         (rows, Sk) matrices of a 16k-token case fit beside the variants."""
-        q = inputs["q"]
-        rows = max(1, _TRUTH_ELEMENTS // max(1, q.shape[0] * q.shape[1] * inputs["k"].shape[-2]))
-        return eager_linear_attention(**inputs, rows_per_step=rows)
+        return eager_linear_attention(**inputs, rows_per_step=truth_rows(inputs["q"], inputs["k"]))
 
     def flops(self, case: Case, backward: bool = False) -> float:
         """``linear_form_flops`` of the case: the same count for every variant, so in the bench table a

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, warm_short_call
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, truth_rows, warm_short_call
 from microscope_kernels.flash_attn.kernel import flash_attention
 from microscope_kernels.flash_attn.kernel import precompile as flash_precompile
 
@@ -38,8 +38,6 @@ from .recall import DATA, clustered_qk, recall
 from .reference import lsh_attention_reference
 from .visibility import LSHSpec, key_intervals, scored_pairs
 
-#: float64 scores per step of the chunked ground truth (1 GiB): long cases fit next to the variants.
-_TRUTH_SCORES = 1 << 27
 #: Seed of the representative q, k and rotations ``flops`` counts scored pairs on.
 _FLOPS_SEED = 0
 #: The recall figure's k: the share of each query's k heaviest keys (under full attention) LSH attention sees.
@@ -62,12 +60,6 @@ def _spec(case: Case) -> LSHSpec:
     if case["data"] not in DATA:
         raise ValueError(f"case parameter data must be one of {DATA}, got {case['data']!r}")
     return LSHSpec(n_buckets=case["n_buckets"], chunk=case["chunk"], causal=bool(case["causal"]), rule=case["rule"])
-
-
-def _rows_per_step(inputs: Mapping[str, Any]) -> int:
-    """Query rows whose float64 (rows, Sk) scores over every batch row and head stay within ``_TRUTH_SCORES``."""
-    q = inputs["q"]
-    return max(1, _TRUTH_SCORES // max(1, q.shape[0] * q.shape[1] * inputs["k"].shape[-2]))
 
 
 def _needs_head_dim(dims: tuple[int, ...]):
@@ -163,13 +155,14 @@ class LSHAttentionAblation(Ablation):
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
         """The baseline's math on float64 copies, a slice of query rows at a time, so that the truth of a
         16k-token case fits beside the variants (the plain baseline holds B*H*S*S scores at once)."""
-        return lsh_attention_reference(**inputs, rows_per_step=_rows_per_step(inputs))
+        return lsh_attention_reference(**inputs, rows_per_step=truth_rows(inputs["q"], inputs["k"]))
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> dict[str, dict[str, Figure]]:
         """``recall.py``'s figures on the case's q, k and rotations, for every variant that computes the
         bucketed attention; the full-attention peers see every key, so their recall and mass kept are 1."""
         got = recall(inputs["q"], inputs["k"], inputs["rotations"], inputs["n_buckets"], inputs["chunk"],
-                     inputs["causal"], inputs["rule"], top_k=RECALL_TOP_K, rows_per_step=_rows_per_step(inputs))
+                     inputs["causal"], inputs["rule"], top_k=RECALL_TOP_K,
+                     rows_per_step=truth_rows(inputs["q"], inputs["k"]))
         sq, sk = inputs["q"].shape[-2], inputs["k"].shape[-2]
         every = sk - (sq - 1) / 2 if inputs["causal"] else float(sk)  # mean keys a query may see
         top_k = f"top{RECALL_TOP_K}_recall"

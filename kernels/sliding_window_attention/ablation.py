@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled
+from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, gpu_memory_refusal, require_compiled, truth_rows
 
 from microscope.api import (
     Ablation,
@@ -43,8 +43,8 @@ from .reference import masked_attention
 #: Seed of the representative random pattern ``flops`` counts pairs on (the inputs' patterns come from the
 #: harness's generator; BigBird's choice rule makes their pair counts equal but for a short last block).
 _FLOPS_PATTERN_SEED = 0
-#: float64 scores per step of the chunked ground truth (1 GiB): long cases fit next to the variants.
-_TRUTH_SCORES = 1 << 27
+#: Share of the available GPU memory the eager baseline's (S x S) matrices may take (``_eager_supports``).
+EAGER_MEMORY_SHARE = 0.9
 
 
 def _spec(case: Case) -> MaskSpec:
@@ -82,6 +82,15 @@ def _triton_supports(case: Case, device: str) -> str | None:
     return None
 
 
+def _eager_supports(case: Case, device: str) -> str | None:
+    """Skip, on a GPU too small for it, a case whose eager forward would hold more than
+    ``EAGER_MEMORY_SHARE`` of the available memory: three (B, H, S, S) matrices of the case's dtype alive at
+    once (scores, their masked copy or softmax, the zeroed softmax) and the dense (S, S) boolean mask twice."""
+    scores = case["batch"] * case["heads"] * case["seq"] ** 2
+    need = 3 * scores * case.dtype.itemsize + 2 * case["seq"] ** 2
+    return gpu_memory_refusal(need, device, EAGER_MEMORY_SHARE, "the eager forward's (S x S) matrices")
+
+
 @functools.lru_cache(maxsize=256)
 def _visible_pairs(seq: int, window: int, globals: int, block: int, random_blocks: int, causal: bool) -> int:
     """Visible pairs of a case's mask on the representative pattern (cached: the harness asks per record)."""
@@ -111,7 +120,8 @@ class SlidingWindowAttention(Ablation):
     """Sliding-window + global + BigBird-random attention in one tile-skipping Triton kernel vs eager masked."""
 
     variants = {
-        "eager": baseline(masked_attention, "dense mask, matmul, masked softmax, matmul in plain PyTorch"),
+        "eager": baseline(masked_attention, "dense mask, matmul, masked softmax, matmul in plain PyTorch",
+                          supports=_eager_supports),
         "triton": candidate(sliding_window_attention, "Triton kernel visiting only the tiles the mask touches",
                             needs=("triton",), supports=_triton_supports),
         "flex": _peer_variant(PEERS["flex"], "torch flex_attention, compiled, BlockMask from the same mask"),
@@ -174,9 +184,7 @@ class SlidingWindowAttention(Ablation):
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
         """The baseline's math on float64 copies, a slice of query rows at a time, so that the truth of a
         32k-token case fits beside the variants (the plain baseline holds B*H*S*S scores at once)."""
-        q = inputs["q"]
-        rows = max(1, _TRUTH_SCORES // max(1, q.shape[0] * q.shape[1] * inputs["k"].shape[-2]))
-        return masked_attention(**inputs, rows_per_step=rows)
+        return masked_attention(**inputs, rows_per_step=truth_rows(inputs["q"], inputs["k"]))
 
     def flops(self, case: Case, backward: bool = False) -> float:
         """4*B*H*D per visible (query, key) pair (QK^T and PV, 2 FLOPs per multiply-add), so TFLOP/s counts

@@ -180,6 +180,38 @@ def test_reference_causal_mask_is_bottom_right() -> None:
     torch.testing.assert_close(eager_attention(q, k, v, causal=True), explicit)
 
 
+@pytest.mark.parametrize(("sq", "sk", "causal", "step"), [(37, 53, True, 5), (53, 37, True, 7), (41, 41, False, 16),
+                                                      (29, 29, True, 1), (0, 9, True, 4)])
+def test_reference_in_row_slices_is_the_whole_reference(sq: int, sk: int, causal: bool, step: int) -> None:
+    """A float64 truth taken ``step`` query rows at a time (the causal mask's rows offset with them, queries
+    that see no key zero) equals the one-shot reference, outputs and gradients."""
+    gen = torch.Generator().manual_seed(secrets.randbits(32))
+    q, k, v = (torch.randn(2, 3, s, 16, generator=gen, dtype=torch.float64, requires_grad=True) for s in (sq, sk, sk))
+    cot = torch.randn(2, 3, sq, 16, generator=gen, dtype=torch.float64)
+    whole = eager_attention(q, k, v, causal=causal)
+    sliced = eager_attention(q, k, v, causal=causal, rows_per_step=step)
+    torch.testing.assert_close(sliced, whole, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(whole, (q, k, v), cot), torch.autograd.grad(sliced, (q, k, v), cot)):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_the_plugins_truth_is_taken_in_row_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash_attn's (and flash_attn_fp8's) float64 truth holds at most ``TRUTH_SCORES`` scores at a time, so a
+    16k-token case fits on an 80 GB card, and equals the eager baseline on the same inputs."""
+    import microscope_kernels.attention_inputs as shared
+    from microscope_kernels.flash_attn.ablation import FlashAttention
+
+    monkeypatch.setattr(shared, "TRUTH_SCORES", 2 * 3 * 50 * 4)  # 4 of 37 query rows a step
+    steps = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: steps.append(a.shape[-2]) or real(a, b))
+    q, k, v = (torch.randn(2, 3, s, 16, dtype=torch.float64) for s in (37, 50, 50))
+    truth = FlashAttention().reference({"q": q, "k": k, "v": v, "causal": True})
+    assert max(steps) == 4 and len(steps) == 2 * 10
+    monkeypatch.setattr(torch, "matmul", real)
+    torch.testing.assert_close(truth, eager_attention(q, k, v, causal=True), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(("sq", "sk"), [(7, 13), (13, 7)])
 def test_sdpa_math_peer_uses_the_same_causal_alignment(sq: int, sk: int) -> None:
     q, k, v = (torch.randn(1, 2, s, 16, dtype=torch.float64) for s in (sq, sk, sk))

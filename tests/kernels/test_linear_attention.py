@@ -340,7 +340,7 @@ def test_eager_skips_a_case_whose_matrices_would_not_fit_on_the_gpu(monkeypatch)
     supports = LinearAttention().variants["eager"].supports
     bench = {"heads": 16, "head_dim": 64, "features": 128, "chunk": 64, "dtype": "bf16"}
     reason = supports(_case(**bench, seq=32768), "cuda")
-    assert reason.startswith("the quadratic form would hold 160.0 GiB of (S x S) matrices") and "138.0 GiB" in reason
+    assert reason.startswith("the quadratic form's (S x S) matrices would hold 160.0 GiB") and "138.0 GiB" in reason
     assert supports(_case(**bench, seq=32768), "cpu") is None
     assert supports(_case(**bench, seq=16384), "cuda") is None
     cos = {**bench, "feature_map": "cosformer"}
@@ -360,13 +360,13 @@ def test_flops_count_the_linear_form():
 
 
 def test_chunked_ground_truth_equals_the_baseline(seed, monkeypatch):
-    import microscope_kernels.linear_attention.ablation as ablation
+    import microscope_kernels.attention_inputs as shared
 
     plugin = LinearAttention()
     for feature_map in ("performer", "cosformer"):
         inputs = plugin.inputs(_case(feature_map=feature_map), torch.Generator().manual_seed(seed), "cpu")
         x64 = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in inputs.items()}
-        monkeypatch.setattr(ablation, "_TRUTH_ELEMENTS", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
+        monkeypatch.setattr(shared, "TRUTH_SCORES", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
         torch.testing.assert_close(plugin.reference(x64), eager_linear_attention(**x64), rtol=1e-12, atol=1e-14)
 
 

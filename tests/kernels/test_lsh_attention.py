@@ -414,12 +414,12 @@ def test_flops_count_the_scored_pairs():
 
 
 def test_chunked_ground_truth_equals_the_baseline(seed, monkeypatch):
-    import microscope_kernels.lsh_attention.ablation as ablation
+    import microscope_kernels.attention_inputs as shared
 
     plugin = LSHAttentionAblation()
     inputs = plugin.inputs(_case(causal=True), torch.Generator().manual_seed(seed), "cpu")
     x64 = {n: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in inputs.items()}
-    monkeypatch.setattr(ablation, "_TRUTH_SCORES", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
+    monkeypatch.setattr(shared, "TRUTH_SCORES", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
     torch.testing.assert_close(plugin.reference(x64), lsh_attention_reference(**x64), rtol=1e-12, atol=1e-14)
 
 

@@ -316,12 +316,12 @@ def test_inputs_reject_bad_case_values_with_a_clear_message():
 
 
 def test_chunked_ground_truth_equals_the_baseline(seed, monkeypatch):
-    import microscope_kernels.sliding_window_attention.ablation as ablation
+    import microscope_kernels.attention_inputs as shared
 
     plugin = SlidingWindowAttention()
     inputs = plugin.inputs(_case(), torch.Generator().manual_seed(seed), "cpu")
     x64 = {n: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for n, t in inputs.items()}
-    monkeypatch.setattr(ablation, "_TRUTH_SCORES", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
+    monkeypatch.setattr(shared, "TRUTH_SCORES", 2 * 100 * 7)  # 7 rows a step: 15 steps, the last short
     torch.testing.assert_close(plugin.reference(x64), masked_attention(**x64), rtol=1e-12, atol=1e-14)
 
 
@@ -363,3 +363,22 @@ def test_a_window_as_long_as_the_context_is_full_causal_attention(seed):
         windowed = model(tokens)
         _, cache = model.prefill(tokens[:, :-1])
         torch.testing.assert_close(model.decode_step(tokens[:, -1], cache), windowed[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_eager_baseline_skips_a_case_whose_matrices_would_not_fit_on_the_gpu(monkeypatch):
+    """The H100 bench run: eager at S 32k (bf16, 16 heads) asked for 32 GiB more with 10 GiB free; its three
+    (S x S) matrices (96 GiB) fit the H200's 139 GiB, not an 80 GB card. Never refused on the CPU."""
+    gib = 2**30
+    free = {"now": 75 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["now"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    supports = SlidingWindowAttention().variants["eager"].supports
+    bench = {"batch": 1, "heads": 16, "head_dim": 128, "window": 512, "globals": 128, "random_blocks": 3,
+             "block": 64, "causal": False, "dtype": "bf16"}
+    reason = supports(Case.of(**bench, seq=32768), "cuda")
+    assert reason.startswith("the eager forward's (S x S) matrices would hold 98.0 GiB") and "75.0 GiB" in reason
+    assert supports(Case.of(**bench, seq=16384), "cuda") is None
+    assert supports(Case.of(**bench, seq=32768), "cpu") is None
+    free["now"] = 139 * gib
+    assert supports(Case.of(**bench, seq=32768), "cuda") is None
