@@ -277,17 +277,26 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
         paths = {"fused": lambda: _gemm(x2, weight, bias, vector=False, split=False),
                  "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x.dtype), bias)}
     else:
-        paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True),
-                 "direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
+        kp = weight.packed.shape[1] * 2
+        paths = {"direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
+        if _splits(_DECODE_SPLIT, _prune, kp, weight.group):
+            paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True), **paths}
         if m <= VECTOR_ROWS and x.dtype != torch.float32:  # float32 keeps the reference's per-element weight
             paths["vector"] = lambda: _gemm(x2, weight, bias, vector=True, split=False)
-            paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
+            if _splits(_VECTOR_SPLIT, _prune_vector, kp, weight.group):
+                paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
     key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
     if interpreting():  # not timed under the interpreter: the first path unless set
         path = _FASTEST.get(key, next(iter(paths)))
     else:
         path = _fastest(key, paths)
     return paths[path]().reshape(*lead, n)
+
+
+def _splits(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - an autotuner and its prune rule
+    """Whether a split-K path has a candidate for this padded K and group (a K of a few groups leaves every
+    split with less than two tiles a program); under the interpreter the fixed split always fits."""
+    return interpreting() or bool(prune(tuner.configs, {"KP": kp}, GROUP=group))
 
 
 def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool,
