@@ -9,7 +9,9 @@ Each forward program walks its list: whole tiles with no mask arithmetic at all,
 (window edges, sequence ends, random blocks that do not fill a tile) with the token predicate evaluated in
 registers. So the work per query is proportional to the keys it sees (about ``2 * window`` plus the globals
 and random blocks), not to ``Sk``. Building the lists costs a handful of small tensor ops on the same device
-and never waits for the GPU (the lists are as wide as the key axis).
+and never waits for the GPU (the lists are as wide as the key axis). Without random blocks the lists
+depend on the shapes alone, so small grids keep theirs between calls (``_mask_tiles``): a model's layers,
+training steps and repeated decode lengths then launch the attention kernel and nothing else.
 
 Backward (FA2): ``delta = rowsum(dO * O)``; one program per key tile accumulates dK and dV over the query
 tiles of the transposed lists; one program per query tile accumulates dQ over the forward's lists. P is
@@ -25,6 +27,7 @@ accumulation.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,7 +40,7 @@ from microscope_kernels.fp32_dot import round_to as _round
 
 from microscope.api import interpreting
 
-from .mask import MaskSpec, block_pairs, n_blocks, tile_classes, tile_lists
+from .mask import MaskSpec, TileLists, block_pairs, n_blocks, tile_classes, tile_lists
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -374,6 +377,30 @@ def precompile(dtype: torch.dtype, head_dim: int, block: int, has_pairs: bool, c
     return failures
 
 
+#: Tile grids up to this many (query tile, key tile) pairs, without random blocks, keep their class matrix
+#: and lists between calls (about 5 bytes a pair: at most 20 MB over the cache's 256 entries, below what a
+#: worker counts as a leak).
+CACHED_TILE_PAIRS = 1 << 14
+
+
+def _mask_tiles(spec: MaskSpec, pairs: torch.Tensor | None, sq: int, sk: int, block_m: int, block_n: int,
+                device: torch.device) -> tuple[torch.Tensor, TileLists]:
+    """The class matrix and per-query-tile lists of a call: kept per shape where they depend on it alone."""
+    if pairs is None and triton.cdiv(sq, block_m) * triton.cdiv(sk, block_n) <= CACHED_TILE_PAIRS:
+        return _shape_tiles(spec, sq, sk, block_m, block_n, device)
+    classes = tile_classes(spec, pairs, sq, sk, block_m, block_n, device=device)
+    return classes, tile_lists(classes)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_tiles(spec: MaskSpec, sq: int, sk: int, block_m: int, block_n: int,
+                 device: torch.device) -> tuple[torch.Tensor, TileLists]:
+    """``_mask_tiles`` for a mask without random blocks, built once per shape: about twenty small tensor ops
+    a call otherwise, which bound a one-token decode step. Read-only for every caller."""
+    classes = tile_classes(spec, None, sq, sk, block_m, block_n, device=device)
+    return classes, tile_lists(classes)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------------------
@@ -388,8 +415,7 @@ class SlidingWindowAttentionFn(torch.autograd.Function):
         batch, heads, sq, head_dim = q.shape
         sk = k.shape[2]
         block_m, block_n = tiles_for(q.dtype, head_dim, spec.block, pairs is not None)
-        classes = tile_classes(spec, pairs, sq, sk, block_m, block_n, device=q.device)
-        rows = tile_lists(classes)
+        classes, rows = _mask_tiles(spec, pairs, sq, sk, block_m, block_n, q.device)
         o = torch.empty_like(q)
         lse = torch.empty((batch * heads, sq), device=q.device, dtype=torch.float32)
         pair_bytes = _pair_bytes(pairs, q.device)

@@ -92,6 +92,29 @@ def test_matches_float64_reference(seed, sq, sk, head_dim, dtype, window, global
     assert_as_accurate_as_eager(seed, sq, sk, head_dim, DTYPES[dtype], window, globals, random_blocks, block, causal)
 
 
+def test_a_mask_without_random_blocks_builds_its_tile_lists_once_per_shape(seed, monkeypatch):
+    """Decode steps (one query over a growing cache) and repeated calls reuse the lists of their shape, and
+    give what a fresh build gives (forward and gradients, against float64 eager); with random blocks, or a
+    grid above ``CACHED_TILE_PAIRS``, every call builds its own."""
+    built = []
+    real = kernel.tile_classes
+    monkeypatch.setattr(kernel, "tile_classes", lambda *a, **kw: built.append(a[2:4]) or real(*a, **kw))
+    kernel._shape_tiles.cache_clear()
+    for sk in (40, 41, 42, 40, 41, 42):  # two decode passes over the same lengths
+        assert_as_accurate_as_eager(seed, 1, sk, 32, torch.float32, 9, 1, 0, 16, True)
+    assert built == [(1, 40), (1, 41), (1, 42)]
+    built.clear()
+    for _ in range(2):
+        assert_as_accurate_as_eager(seed, 1, 40, 32, torch.float32, 9, 1, 1, 16, True)  # random blocks
+    assert built == [(1, 40), (1, 40)]
+    built.clear()
+    monkeypatch.setattr(kernel, "CACHED_TILE_PAIRS", 0)
+    for _ in range(2):
+        assert_as_accurate_as_eager(seed, 1, 43, 32, torch.float32, 9, 1, 0, 16, True)
+    assert built == [(1, 43), (1, 43)]
+    kernel._shape_tiles.cache_clear()
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_whole_tiles_take_the_unmasked_path(seed, causal):
     """A wide window, 32 global tokens and random blocks of 32: some tiles are FULL, so the kernels' unmasked
