@@ -4,7 +4,7 @@
   block structure from ``mask.tile_classes`` at flex's 128 x 128 blocks (partial blocks in ``kv_indices``,
   whole ones in ``full_kv_indices``) and ``mask.visible`` as its ``mask_mod``. So flex skips the same
   blocks the kernel skips, from the same definition, and pays for building its block structure per call
-  just as the kernel does.
+  just as the kernel does: both keep theirs per shape for a mask without random blocks on a small grid.
 * ``sdpa_masked``: ``F.scaled_dot_product_attention`` with the dense boolean mask: what one writes first.
 
 Each peer comes with a ``supports`` rule that returns why it cannot run a case (None when it can), so a
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kernel import CACHED_TILE_PAIRS
 from .mask import FULL, PARTIAL, dense_mask, tile_classes, tile_lists, visible
 from .reference import spec_and_pairs
 
@@ -57,12 +58,24 @@ def flex_block_mask(pattern: torch.Tensor | None, sq: int, sk: int, window: int,
                                     mask_mod=mask_mod, seq_lengths=(sq, sk))
 
 
+@functools.lru_cache(maxsize=256)
+def _shape_block_mask(sq: int, sk: int, window: int, globals: int, block: int, causal: bool,
+                      device: torch.device):
+    """``flex_block_mask`` of a mask without random blocks, built once per shape, as the kernel keeps its
+    tile lists (``kernel._shape_tiles``)."""
+    return flex_block_mask(None, sq, sk, window, globals, block, causal, device)
+
+
 def flex_attention_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: torch.Tensor | None = None,
                             window: int = 0, globals: int = 0, block: int = 64, causal: bool = False,
                             sm_scale: float | None = None) -> torch.Tensor:
     """``torch.compile``d flex_attention over ``flex_block_mask``; the recompile limit is raised for the
     call so that a sweep over a dozen shapes and masks does not fall back to the unfused eager path."""
-    block_mask = flex_block_mask(pattern, q.shape[-2], k.shape[-2], window, globals, block, causal, q.device)
+    sq, sk = q.shape[-2], k.shape[-2]
+    if pattern is None and -(-sq // FLEX_BLOCK) * -(-sk // FLEX_BLOCK) <= CACHED_TILE_PAIRS:
+        block_mask = _shape_block_mask(sq, sk, window, globals, block, causal, q.device)
+    else:
+        block_mask = flex_block_mask(pattern, sq, sk, window, globals, block, causal, q.device)
     with torch._dynamo.config.patch(cache_size_limit=256):
         return _compiled_flex()(q, k, v, block_mask=block_mask, scale=sm_scale)
 
