@@ -234,6 +234,10 @@ class Variant:
     softmax attention beside a linear-attention kernel: it is timed and measured in the same rounds,
     its accuracy is recorded as skipped, and it may be the "fastest peer" a candidate is compared with.
     A candidate is always checked: a wrong kernel never wins.
+
+    ``opt_in=True`` (peers only) runs the variant only where a config's ``variants:`` names it: a study's
+    variants (the kernel with one stage left out, say) that a plain run should not time. Its records say
+    ``study``, and it is never the fastest peer a candidate is compared with.
     """
 
     fn: Callable[..., Any]
@@ -244,10 +248,13 @@ class Variant:
     differentiable: bool = True
     params: Mapping[str, Any] = field(default_factory=dict)
     checked: bool = True
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         if not self.checked and self.role is not Role.PEER:
             raise ValueError(f"checked=False is for peers only; a {self.role.value} is always accuracy-checked")
+        if self.opt_in and self.role is not Role.PEER:
+            raise ValueError(f"opt_in=True is for peers only; a {self.role.value} runs in every run")
 
 
 def baseline(fn: Callable[..., Any], description: str = "", **kw: Any) -> Variant:

@@ -552,7 +552,8 @@ def list_plugins(args: argparse.Namespace, console: Console) -> int:
         except Exception as exc:  # a plugin whose constructor raises is listed with the reason
             table.add_row(name, "-", "-", "-", f"cannot be built: {type(exc).__name__}: {exc}")
             continue
-        variants = ", ".join(f"{n} ({v.role.value})" for n, v in plugin.iter_variants()) or "-"
+        variants = ", ".join(f"{n} ({v.role.value}{', opt-in' if v.opt_in else ''})"
+                             for n, v in plugin.iter_variants()) or "-"
         arms = ", ".join(f"{n} ({a.role.value})" + (" inference only" if a.inference_only else "")
                          for n, a in plugin.arms.items()) or "-"
         table.add_row(name, variants, cases, arms, doc)

@@ -1126,6 +1126,10 @@ def _check_sweep_against(config: RunConfig, plugin: Ablation, problems: list[str
         if variant.role is Role.BASELINE:
             problems.append(config.problem(at, "the baseline is not swept: every variant is compared with it"))
             continue
+        if variant.opt_in and name not in config.variants:
+            problems.append(config.problem(at, f"{_show(name)} runs only where 'variants:' names it (an opt-in "
+                                               "variant); add it there"))
+            continue
         declared = dict(variant.params)
         for param, values in params.items():
             if param not in declared:
@@ -1165,6 +1169,9 @@ def _check_contrasts_against(config: RunConfig, plugin: Ablation, level: str, pr
             elif chosen and own not in chosen:
                 problems.append(config.problem(at, f"{_show(name)} is not in this run's variants; add it to "
                                                    "'variants:' or drop the contrast"))
+            elif getattr(kinds[own], "opt_in", False) and own not in chosen:
+                problems.append(config.problem(at, f"{_show(name)} runs only where 'variants:' names it (an "
+                                                   "opt-in variant); add it there or drop the contrast"))
 
 
 def effective_level(config: RunConfig, plugin: Ablation) -> str:

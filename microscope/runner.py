@@ -93,12 +93,13 @@ def plan_cases(plugin: Ablation, config: RunConfig) -> list[Case]:
 
 
 def plan_variants(plugin: Ablation, config: RunConfig) -> list[tuple[str, Variant]]:
-    """Variants to run, baseline first; a config's ``variants:`` subset always keeps the baseline; a
-    swept variant is followed by one variant per parameter combination, ``triton[warps=4,stages=2]``."""
+    """Variants to run, baseline first; a config's ``variants:`` subset always keeps the baseline, and an
+    opt-in variant runs only where it names it; a swept variant is followed by one variant per parameter
+    combination, ``triton[warps=4,stages=2]``."""
     chosen = set(config.variants)
     out: list[tuple[str, Variant]] = []
     for name, variant in plugin.iter_variants():
-        if chosen and name not in chosen and variant.role is not Role.BASELINE:
+        if (chosen or variant.opt_in) and name not in chosen and variant.role is not Role.BASELINE:
             continue
         out.append((name, variant))
         params = config.sweep.get(name)
@@ -293,6 +294,8 @@ class Runner(RunBase):
         better = higher_is_better(metric)
         if better is not None:
             kw["details"] = {"higher_is_better": better, **(kw.get("details") or {})}
+        if variant.opt_in:  # a study's variant (a stage left out): timed beside the others, never a best peer
+            kw["details"] = {**(kw.get("details") or {}), "study": True}
         record = Record(
             run_id=self.run_id, plugin=self.plugin.name, variant=name, role=variant.role.value,
             case_id=case.id, case=case.params, seed=seed, dimension=dimension, metric=metric, value=value,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from microscope import config as cfgmod
@@ -429,3 +431,32 @@ def test_a_contrast_with_the_baseline_an_unknown_or_an_unselected_variant_is_ref
         "ablations/bad.yaml:5: stats.contrasts[2]: 'memo' is not in this run's variants; add it to 'variants:' or "
         "drop the contrast",
     ]
+
+
+def test_an_opt_in_variant_runs_only_where_the_config_names_it():
+    """flash_attn's stage-study peers stay out of a plain run and of its bench profile, run under --profile
+    stages, and a contrast or sweep naming one that the run leaves out is a config error with file:line."""
+    from microscope.api import Variant
+    from microscope.runner import plan_variants
+
+    plugin = registry.get("flash_attn")
+    path = Path(__file__).resolve().parents[1] / "ablations" / "flash_attn.yaml"
+    for profile in ("", "bench"):
+        cfg = cfgmod.load(path, device="cuda", overrides={"profile": profile} if profile else None)
+        cfgmod.check_against_plugin(cfg, plugin)
+        names = [name for name, _ in plan_variants(plugin, cfg)]
+        assert "triton" in names and "sdpa_cudnn" in names and not any("_no_" in name for name in names)
+    cfg = cfgmod.load(path, device="cuda", overrides={"profile": "bench,stages"})
+    cfgmod.check_against_plugin(cfg, plugin)
+    assert [name for name, _ in plan_variants(plugin, cfg)] == [
+        "eager", "triton", "sdpa_cudnn", "triton_no_qk", "triton_no_softmax", "triton_no_exp2", "triton_no_pv"]
+    assert len(cfg.stats.contrasts) == 4
+    text = "plugin: flash_attn\nstats:\n  contrasts: [triton_no_pv vs triton]\nsweep:\n  triton_no_qk: {loads: [tma]}\n"
+    with pytest.raises(ConfigError) as info:
+        cfgmod.check_against_plugin(cfgmod.loads(text, "ablations/x.yaml"), plugin)
+    assert ("ablations/x.yaml:3: stats.contrasts: 'triton_no_pv' runs only where 'variants:' names it (an opt-in "
+            "variant); add it there or drop the contrast") in info.value.problems
+    assert any(p.startswith("ablations/x.yaml:5: sweep.triton_no_qk: 'triton_no_qk' runs only where")
+               for p in info.value.problems), info.value.problems
+    with pytest.raises(ValueError, match="peers only"):
+        Variant(lambda x: x, opt_in=True)

@@ -559,3 +559,50 @@ def test_speed_only_peers_and_plugin_figures(tmp_path):
     assert not any("every trial failed" in t for t in lines)  # the hook's failure is not the baseline's
     with pytest.raises(ValueError, match="peers only"):
         Variant(lambda x: x, checked=False)
+
+
+STUDY = '''
+import torch
+from microscope.api import Ablation, Tolerance, baseline, candidate, grid, peer, randn, register
+
+
+def _slow_tanh(x):
+    for _ in range(20):
+        y = torch.tanh(x.double()).float()
+    return y
+
+
+@register("study_probe")
+class Study(Ablation):
+    """tanh; a correct but slow peer, and an opt-in study variant that skips the work (so it is fastest)."""
+
+    variants = {"base": baseline(lambda x: torch.tanh(x)), "fused": candidate(lambda x: torch.tanh(x) + 0),
+                "slow": peer(_slow_tanh),
+                "no_work": peer(lambda x: x, checked=False, differentiable=False, opt_in=True)}
+    cases = grid(n=[4096], dtype=["fp32"])
+    tolerance = {"*": Tolerance(rtol=1e-6, atol=1e-7)}
+
+    def inputs(self, case, gen, device):
+        return {"x": randn((case["n"],), case.dtype, gen, device)}
+'''
+
+
+def test_a_study_variant_is_timed_where_named_but_never_the_best_peer(tmp_path):
+    """An opt-in variant (the kernel with a stage left out) runs only where ``variants:`` names it; its records
+    say ``study``, and the candidate is compared with the fastest usable peer, not with it."""
+    from microscope.stats.run_table import save_run_table
+
+    base = ("plugin: study_probe\nplugins: [study.py]\ndimensions:\n"
+            "  throughput: {warmup: 1, rounds: 4, reps: 1}\n  memory: {enabled: false}\n")
+    plain = _run_plugin(tmp_path, "study.py", STUDY, base, "plain")
+    assert not _by(plain, variant="no_work")
+    text = base + "variants: [fused, slow, no_work]\n"
+    result = _run_plugin(tmp_path, "study.py", STUDY, text, "study")
+    (lat,) = _by(result, variant="no_work", metric="latency_ms")
+    assert lat.status == "ok" and lat.details["study"] is True and lat.details["speed_only"] is True
+    assert not _by(result, variant="slow", metric="latency_ms")[0].details.get("study")
+    (fast,) = _by(result, variant="slow", metric="latency_ms")
+    assert lat.value < fast.value, "the study variant is the fastest peer by time"
+    table = save_run_table(result.out_dir)
+    best = table[(table["vs"] == "best_peer") & (table["candidate"] == "fused")]
+    assert best["baseline"].tolist() == ["slow"] and "(slow, of 1)" in best["notes"].item()

@@ -10,6 +10,8 @@ query: chunked prefill, so the key length is ``seq + kv_prefix``), ``head_dim``,
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, require_compiled, truth_rows
 
@@ -55,6 +57,19 @@ def triton_supports(case: Case, device: str) -> str | None:
     return None
 
 
+#: The forward stages a ``--profile stages`` run leaves out one at a time (``kernel.OMIT_STAGES``).
+STAGES = {"qk": "the QK^T GEMM and K's loads", "softmax": "the softmax (max, exponentials, rescale, row sums, mask)",
+          "exp2": "the exponentials alone", "pv": "the PV GEMM and V's loads"}
+
+
+def _stage_peer(stage: str):
+    """The kernel at its own configuration with one forward stage left out: wrong by design, so speed only,
+    forward only, and only where a config names it (what the stage costs is the time it takes off)."""
+    return peer(functools.partial(flash_attention, omit=stage), f"microscope's kernel without {STAGES[stage]}: "
+                "a stage study, speed only", needs=("triton",), supports=triton_supports, checked=False,
+                differentiable=False, opt_in=True)
+
+
 def _warm_compiled_peer(case: Case, device: str, backward: bool) -> None:
     """One call of the torch.compile'd flex_attention peer at the case's shapes, forward only or with its
     backward, so that graph's kernels are in the inductor cache on disk before the run's first call (a
@@ -91,6 +106,7 @@ class FlashAttention(Ablation):
         "sdpa_cudnn": peer_variant(PEERS["sdpa_cudnn"], "torch SDPA, cuDNN backend"),
         "sdpa_efficient": peer_variant(PEERS["sdpa_efficient"], "torch SDPA, memory-efficient backend"),
         "flex": peer_variant(PEERS["flex"], "torch flex_attention, compiled (Triton)"),
+        **{f"triton_no_{stage}": _stage_peer(stage) for stage in STAGES},
     }
     cases = grid(batch=[1], heads=[2], seq=[100], kv_prefix=[0], head_dim=[64], dtype=["fp32", "bf16"],
                  causal=[False, True])

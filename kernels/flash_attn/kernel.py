@@ -59,6 +59,7 @@ from . import tuned
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "TUNERS",
+    "OMIT_STAGES",
     "FlashAttentionFn",
     "flash_attention",
     "precompile",
@@ -176,17 +177,24 @@ def _query_range(n0, Sq, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSA
 def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr, CAUSAL: tl.constexpr,
               USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
-              LAZY: tl.constexpr):
+              LAZY: tl.constexpr, OMIT: tl.constexpr):
     """One online-softmax step over keys ``[start_n, start_n + BLOCK_N)``, in base 2.
 
     ``m_i`` is the reference max that ``acc`` and ``l_i`` are scaled by. The exact update moves it to the
     running max at every tile. ``LAZY`` (unmasked tiles) moves it only once some row's max has grown by more
     than 8: probabilities then stay below 2^8, harmless in fp32 and in the fp16/bf16 P operand, and the
     BLOCK_M x HEAD_DIM rescale of ``acc`` (as much FP32 work as computing P) is skipped on most tiles.
+    ``OMIT`` (``OMIT_STAGES``: 0 none) leaves one stage out, for a speed-only study of what each costs.
     """
-    k = _load_tile(k_src, kv_row0, start_n, Sk, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
-    s = _mma(q, tl.trans(k), None, INTERPRET, IEEE)
-    if MASKED:
+    if OMIT == 1:  # qk: zero scores, no QK^T (nor, the compiler dropping the dead load, K's tiles)
+        s = (offs_m[:, None] + tl.arange(0, BLOCK_N)[None, :]).to(tl.float32) * 0.0
+    else:
+        k = _load_tile(k_src, kv_row0, start_n, Sk, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+        s = _mma(q, tl.trans(k), None, INTERPRET, IEEE)
+    if OMIT == 2:  # softmax: the raw scores are P; no max, exponentials, rescale or row sums
+        p = s
+        m_new = m_i
+    elif MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         visible = offs_n[None, :] < Sk
         if CAUSAL:
@@ -195,30 +203,41 @@ def _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk, 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
+        alpha = _exp2(m_i - m_use, OMIT)
         acc = acc * alpha[:, None]
         l_i = l_i * alpha
-        p = tl.math.exp2(s - m_use[:, None])
+        p = _exp2(s - m_use[:, None], OMIT)
     elif LAZY:
         m_blk = tl.max(s, 1) * qk_scale
         if tl.max(m_blk - m_i, 0) > 8.0:
             m_up = tl.maximum(m_i, m_blk)
-            alpha = tl.math.exp2(m_i - m_up)
+            alpha = _exp2(m_i - m_up, OMIT)
             acc = acc * alpha[:, None]
             l_i = l_i * alpha
             m_i = m_up
         m_new = m_i
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        p = _exp2(s * qk_scale - m_new[:, None], OMIT)
     else:
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        alpha = tl.math.exp2(m_i - m_new)
+        alpha = _exp2(m_i - m_new, OMIT)
         acc = acc * alpha[:, None]
         l_i = l_i * alpha
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-    l_i = l_i + tl.sum(p, 1)
-    v = _load_tile(v_src, kv_row0, start_n, Sk, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
-    acc = _mma(_cast(p, DTYPE, INTERPRET), v, acc, INTERPRET, IEEE)
+        p = _exp2(s * qk_scale - m_new[:, None], OMIT)
+    if OMIT != 2:
+        l_i = l_i + tl.sum(p, 1)
+    if OMIT != 4:  # pv: P's row sums only, no PV GEMM nor V's tiles
+        v = _load_tile(v_src, kv_row0, start_n, Sk, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+        acc = _mma(_cast(p, DTYPE, INTERPRET), v, acc, INTERPRET, IEEE)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _exp2(x, OMIT: tl.constexpr):
+    """``2 ** x``, or ``x`` itself where the study leaves the exponentials out (``OMIT`` 3)."""
+    if OMIT == 3:
+        return x
+    else:
+        return tl.math.exp2(x)
 
 
 @triton.jit
@@ -238,7 +257,7 @@ def _fwd_operands(Q, K, V, bh, m0, BH, Sq, Sk, HEAD_DIM: tl.constexpr, BLOCK_M: 
 def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr,
               UNMASKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
-              LAZY: tl.constexpr):
+              LAZY: tl.constexpr, OMIT: tl.constexpr = 0):
     """O and base-2 LSE for ``BLOCK_M`` queries of one head. ``SQ/SK_BUCKET`` only key the autotuner.
 
     ``UNMASKED`` compiles only the loop over the key tiles every query of the block sees whole, which Triton's
@@ -263,12 +282,12 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, SQ_BUCKET, SK_BUCKET,
     n_full, hi = _key_range(m0, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WARP_SPEC):
         acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk, qk_scale,
-                                  HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, False, LAZY)
+                                  HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE, False, LAZY, OMIT)
     if not UNMASKED:
         for start_n in range(n_full, hi, BLOCK_N):
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk,
                                       qk_scale, HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
-                                      True, False)
+                                      True, False, OMIT)
 
     _fwd_finish(acc, l_i, m_i, Out, LSE, q_row0, m0, offs_m, Sq, BLOCK_M, HEAD_DIM, DTYPE, INTERPRET)
 
@@ -316,7 +335,7 @@ def _attn_fwd_rest(Q, K, V, Out, LSE, sm_scale, BH, Sq, Sk, HEAD_DIM: tl.constex
         for start_n in range(n_full, hi, BLOCK_N):
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_src, v_src, kv_row0, start_n, offs_m, Sq, Sk,
                                       qk_scale, HEAD_DIM, BLOCK_N, DTYPE, CAUSAL, USE_TMA, INTERPRET, IEEE,
-                                      True, False)
+                                      True, False, 0)
         _fwd_finish(acc, l_i, m_i, Out, LSE, q_row0, m0, offs_m, Sq, BLOCK_M, HEAD_DIM, DTYPE, INTERPRET)
 
 
@@ -589,6 +608,12 @@ _FP32_DQ_TILES: Tiles = {
 #: The configuration used under the interpreter: small, and with unequal tiles so that the tile-boundary
 #: arithmetic of the causal and tail masks is exercised the way a 128 x 64 GPU tile exercises it.
 _INTERPRET_FWD = {"BLOCK_M": 32, "BLOCK_N": 16, "WARP_SPEC": False, "LAZY": False}
+#: Forward stages a speed-only study may leave out (``flash_attention(omit=...)``), by their ``OMIT`` code:
+#: the QK^T GEMM (and K's tiles), the softmax (max, exponentials, rescale, row sums, mask), the exponentials
+#: alone, the PV GEMM (and V's tiles). What a stage costs is the time leaving it out takes off.
+OMIT_STAGES = ("none", "qk", "softmax", "exp2", "pv")
+#: Forward launch keys the whole kernel has run for in this process (``_forward``'s stage study).
+_TUNED_WHOLE: set[tuple] = set()
 _INTERPRET_DKDV = {"BLOCK_N": 32, "BLOCK_M": 16, "WARP_SPEC": False}
 _INTERPRET_DQ = {"BLOCK_M": 32, "BLOCK_N": 16, "WARP_SPEC": False}
 _KEY = ["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "CAUSAL", "USE_TMA", "UNMASKED"]
@@ -802,8 +827,8 @@ def _rest_launch(block_m: int, block_n: int) -> dict:
     return {"num_warps": 8 if block_m * block_n >= 64 * 32 else 4, "num_stages": 2}
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             sm_scale: float, loads: str = "auto", split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
+             loads: str = "auto", split: bool = False, omit: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
     o = torch.empty_like(q)
     batch, heads, sq, _ = q.shape
     lse = torch.empty((batch * heads, sq), device=q.device, dtype=torch.float32)
@@ -812,6 +837,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     common = _common(q, k, causal, _use_tma(q.device, q.dtype, loads))
     grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     whole = _unmasked(common, "Sk")
+    if omit != "none":
+        # the whole kernel runs first for its key (tuned table or autotuner), so that the launch leaving a
+        # stage out takes its configuration (OMIT is no part of the autotuner's key) and differs by that alone
+        key = _launch_key(_FWD, whole, q.dtype)
+        if key not in _TUNED_WHOLE:
+            _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **whole)
+            _TUNED_WHOLE.add(key)
+        _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **whole, OMIT=OMIT_STAGES.index(omit))
+        return o, lse
     if not split or whole["UNMASKED"]:
         _run(_FWD, _INTERPRET_FWD, grid, q, k, v, o, lse, sm_scale, **whole)
         return o, lse
@@ -875,23 +909,25 @@ class FlashAttentionFn(torch.autograd.Function):
     """Autograd glue: the forward saves only O and the log-sum-exp (and its inputs); backward recomputes P."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                sm_scale: float, loads: str = "auto", dq: str = "separate", split: bool = False) -> torch.Tensor:
-        o, lse = _forward(q, k, v, causal, sm_scale, loads, split)
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
+                loads: str = "auto", dq: str = "separate", split: bool = False, omit: str = "none") -> torch.Tensor:
+        o, lse = _forward(q, k, v, causal, sm_scale, loads, split, omit)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq = causal, sm_scale, loads, dq
+        ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq, ctx.omit = causal, sm_scale, loads, dq, omit
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor):
+        if ctx.omit != "none":
+            raise RuntimeError(f"flash_attention(omit={ctx.omit!r}) is a forward-only speed study: no backward")
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.loads, ctx.dq)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     sm_scale: float | None = None, loads: str = "auto", dq: str = "separate",
-                    split: bool = False) -> torch.Tensor:
+                    split: bool = False, omit: str = "none") -> torch.Tensor:
     """Softmax attention ``softmax(q k^T * sm_scale [+ causal mask]) v`` without materializing the scores.
 
     Args:
@@ -907,6 +943,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         split: run the forward's key tiles that need a mask (the causal diagonal, a partial last tile of Sk)
             in a second, small launch that resumes from the first's O and LSE, so that the first has a single
             loop Triton can warp-specialize; O is then rounded to the input dtype once more in between.
+        omit: "none", or a forward stage to leave out (``OMIT_STAGES``) at the whole kernel's configuration:
+            the output is wrong by design and there is no backward; only its time means something (what
+            that stage costs).
 
     Returns:
         (B, H, Sq, D) in the input dtype; differentiable with respect to q, k and v.
@@ -917,8 +956,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"loads={loads!r}: one of 'auto', 'tma', 'pointers'")
     if dq not in DQ_MODES:
         raise ValueError(f"dq={dq!r}: one of {', '.join(map(repr, DQ_MODES))}")
+    if omit not in OMIT_STAGES:
+        raise ValueError(f"omit={omit!r}: one of {', '.join(map(repr, OMIT_STAGES))}")
     return FlashAttentionFn.apply(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), scale, loads, dq,
-                                  bool(split))
+                                  bool(split), omit)
 
 
 def precompile(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool = True,

@@ -57,6 +57,8 @@ def compile_report(fn, dtype: torch.dtype, constexprs: dict, num_warps: int, num
         raise RuntimeError("flash_attn's kernels were imported under TRITON_INTERPRET=1, which makes them "
                            "interpreter functions: run the resource report without it")
     element = _TYPES[dtype]
+    # constants the kernel defaults (a study's switches, off) unless the caller sets them
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     signature, attrs = {}, {}
     for index, param in enumerate(fn.params):
         if param.is_constexpr:

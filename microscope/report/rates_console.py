@@ -47,7 +47,7 @@ def rates_table(records: pd.DataFrame, unjudged: set[tuple[str, str]] | None = N
     """The rate of every variant in every case, or None when the run measured no rate.
 
     ``unjudged``: (case_id, variant) pairs that failed accuracy; their cells say so after the number,
-    and they are never the best peer.
+    and they are never the best peer; nor is a study's variant (``details.study``).
     """
     if not len(records) or "metric" not in records.columns:
         return None
@@ -59,6 +59,9 @@ def rates_table(records: pd.DataFrame, unjudged: set[tuple[str, str]] | None = N
     rates = records[(records["dimension"] == "throughput") & (records["metric"] == metric)]
     variants = list(dict.fromkeys(latency["variant"].astype(str)))
     roles = dict(zip(latency["variant"].astype(str), latency["role"].astype(str)))
+    # a study's variants (opt-in: a stage left out) are shown but are never the best peer
+    study = set(latency.loc[latency["details.study"].eq(True), "variant"].astype(str)
+                if "details.study" in latency else [])
     candidates = [v for v in variants if roles.get(v) == "candidate"]
     ceiling = fmt.finite(rates["details.ceiling"].median()) if "details.ceiling" in rates else None
     title = f"{RATE_UNITS[metric]} per variant" + (f" (share of the {ceiling:.4g} {RATE_UNITS[metric]} ceiling "
@@ -80,7 +83,7 @@ def rates_table(records: pd.DataFrame, unjudged: set[tuple[str, str]] | None = N
             cells.append(_cell(rows) + (" wrong" if (str(case), v) in unjudged else ""))
         ok = case_rates[case_rates["status"] == "ok"]
         peer_rates = {str(v): float(g["value"].median()) for v, g in ok.groupby("variant")
-                      if roles.get(str(v)) == "peer" and (str(case), str(v)) not in unjudged}
+                      if roles.get(str(v)) == "peer" and (str(case), str(v)) not in unjudged and str(v) not in study}
         best = max(peer_rates.items(), key=lambda kv: kv[1]) if peer_rates else None
         for cand in candidates:
             mine = ok[ok["variant"].astype(str) == cand]

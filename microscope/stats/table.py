@@ -669,8 +669,10 @@ def _best_peer_rows(df: pd.DataFrame, wrong: dict[tuple[str, str, str], str], op
              & df["metric"].map(lambda m: metric_kind("throughput", m) == "latency")]
     out: list[_Row] = []
     for (plugin, case_id, metric), grp in lat.groupby(["plugin", "case_id", "metric"], sort=False):
-        correct = [(plugin, case_id, v) not in wrong for v in grp["variant"]]
-        peers = grp[(grp["role"] == "peer") & pd.Series(correct, index=grp.index)]
+        # a study's variant (opt-in: the kernel with a stage left out, say) is no peer anyone could use instead
+        usable = [(plugin, case_id, rec["variant"]) not in wrong and not _detail(rec, "study")
+                  for _, rec in grp.iterrows()]
+        peers = grp[(grp["role"] == "peer") & pd.Series(usable, index=grp.index)]
         cands = grp[grp["role"] == "candidate"]
         if not len(peers) or not len(cands):
             continue

@@ -36,3 +36,21 @@ def test_each_case_shows_every_variant_rate_share_and_why_one_is_missing(tmp_pat
 def test_no_rates_no_table(tmp_path: Path) -> None:
     run = load_run(make_run(tmp_path, Spec(run_id="acc", dims=("accuracy",))))
     assert rates_table(run.records) is None
+
+
+def test_a_study_variant_is_shown_but_never_the_best_peer(tmp_path: Path) -> None:
+    """A stage-study peer (``details.study``: the kernel with a stage left out) is faster than anything usable;
+    its rate is shown, and the candidate's ratio is taken against the fastest usable peer."""
+    import pandas as pd
+
+    rec = load_run(make_run(tmp_path, Spec(run_id="bench", speedup=2.5, seed=3))).records
+    timed = rec[(rec["dimension"] == "throughput") & (rec["variant"] == "eager") & (rec["status"] == "ok")]
+    usable = timed.assign(variant="cudnn", role="peer", value=timed["value"] * 1.0)
+    study = timed.assign(variant="triton_no_pv", role="peer", value=timed["value"] * 1.0)
+    rates = study["metric"] != "latency_ms"
+    study.loc[rates, "value"] *= 100
+    study = study.assign(**{"details.study": True})
+    text = _text(rates_table(pd.concat([rec, usable, study], ignore_index=True)))
+    assert "triton_no_pv" in text.splitlines()[2], "the study variant has its own column"
+    rows = [line for line in text.splitlines() if line.strip().startswith("seq=512")]
+    assert rows and "x cudnn" in rows[0] and "x triton_no_pv" not in rows[0]
