@@ -67,11 +67,17 @@ for room in ${ROOMS-$(grep -l '^  bench:' ablations/*.yaml | xargs -n1 basename 
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
     --out "$WORK/runs" --no-report --no-progress
 done
-# EXTRA="room:profiles ..." adds runs, e.g. EXTRA="flash_attn:bench,loads int8_kv_cache:bench,kernels"
+# EXTRA="config[:profiles][@seconds] ..." adds runs (120 s each unless @ says), e.g.
+#   EXTRA="flash_attn:bench,loads int8_kv_cache:bench,kernels int8_linear_model@200"
 for extra in ${EXTRA:-}; do
-  room=${extra%%:*} profiles=${extra#*:}
-  step "$room-${profiles//,/-}" 120 python3 -m microscope.cli run "ablations/$room.yaml" --device cuda \
-    --profile "$profiles" --out "$WORK/runs" --no-report --no-progress
+  limit=120
+  case $extra in *@*) limit=${extra##*@} extra=${extra%@*} ;; esac
+  room=${extra%%:*} profiles=()
+  case $extra in *:*) profiles=(--profile "${extra#*:}") ;; esac
+  name=$room
+  [ ${#profiles[@]} -gt 0 ] && name="$room-${extra#*:}" && name=${name//,/-}
+  step "$name" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda \
+    "${profiles[@]}" --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |
