@@ -15,10 +15,13 @@ tile sizes, pipeline depth, warps and split are autotuned per shape, and whether
 decided by timing both whole calls once.
 
 One- to four-row calls in bf16/fp16 have a third path that uses no tensor cores: each program takes one
-row of x and a tile of output channels, multiplies the low nibbles with x's even columns and the high
-ones with its odd columns (no interleaving), sums each group's products, and applies the group's scale
-and zero point once per group, ``scale * (sum(q * x) - zero * sum(x))``: about three operations per
-weight where dequantizing every element takes five, and no tile is rearranged for a matrix unit.
+row of x and a tile of output channels, reads the weight as int32 words of eight values, multiplies each
+value with x's matching column, sums each group's products, and applies the group's scale and zero point
+once per group, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit.
+
+Both decode paths turn 4-bit values into floats with integer operations and one add (``_nibble_floats``),
+not with int-to-float conversions: those run at a quarter of the FP32 rate on Hopper and, one per weight,
+cost more time than reading the weight.
 
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
@@ -70,8 +73,9 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
     for t in range(first, last):
         k0 = t * BLOCK_K
         packed = tl.load(P + rn[None, :] * stride_pn + (k0 // 2 + j)[:, None], mask=rn[None, :] < N, other=0)
+        packed = packed.to(tl.int32)
         # (BLOCK_K / 2, BLOCK_N) bytes -> (BLOCK_K, BLOCK_N) values in column order: low nibble first
-        q = tl.reshape(tl.permute(tl.join(packed & 0xF, packed >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
+        q = _nibble_floats(tl.reshape(tl.permute(tl.join(packed, packed >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N)))
         if BLOCK_K > GROUP:  # several groups per tile: each row of the tile takes its group's scale and zero
             g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
             scale = tl.load(S + rn[None, :] * GROUPS + g[:, None], mask=rn[None, :] < N, other=0.0)
@@ -89,9 +93,9 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
         a = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :],
                     mask=(rm[:, None] < M) & (k0 + rk[None, :] < K), other=0.0)
         if IEEE:  # the float32 weight the reference computes, bit for bit
-            w = ((q.to(tl.float32) - shift) * scale).to(a.dtype)
+            w = ((q - shift) * scale).to(a.dtype)
         else:  # rounded to bf16/fp16 anyway: (q - zero) * scale as one multiply-add
-            w = (q.to(tl.float32) * scale + shift).to(a.dtype)
+            w = (q * scale + shift).to(a.dtype)
         acc = mma(a, w, acc, INTERPRET, IEEE)
     if HAS_BIAS:
         if pid_k == 0:
@@ -104,17 +108,19 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
 
 
 @triton.jit
-def _int4_vector_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_pn, stride_cm, M_BUCKET,
+def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_wn, stride_cm, M_BUCKET,
                         GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr):
-    """C[m] = dequant(P) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, groups factored
-    out: BLOCK_K spans BLOCK_K / GROUP whole groups, loaded as (channels, groups, bytes of a group)."""
+    """C[m] = dequant(W) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, groups factored
+    out. The packed weight is read as int32 words of eight values (``W32``, column ``8 w + j`` at bits
+    ``4 j``), loaded as (channels, groups, words of a group) and unpacked by ``_nibble_floats``."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = BLOCK_K // GROUP
-    H: tl.constexpr = GROUP // 2
+    WG: tl.constexpr = GROUP // 8
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rg = tl.arange(0, G)
-    rh = tl.arange(0, H)
+    rw = tl.arange(0, WG)
+    rj = tl.arange(0, 8)
     rows = rn[:, None] < N
     tiles = KP // BLOCK_K
     per_split = tl.cdiv(tiles, SPLIT_K)
@@ -123,13 +129,21 @@ def _int4_vector_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, str
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for t in range(first, last):
         g = t * G + rg
-        byte = g[:, None] * H + rh[None, :]  # (G, H): the tile's bytes in a row, column 2 * byte and 2 * byte + 1
-        packed = tl.load(P + rn[:, None, None] * stride_pn + byte[None, :, :], mask=rows[:, :, None], other=0)
-        x_even = tl.load(X + pid_m * stride_xm + 2 * byte, mask=2 * byte < K, other=0.0).to(tl.float32)
-        x_odd = tl.load(X + pid_m * stride_xm + 2 * byte + 1, mask=2 * byte + 1 < K, other=0.0).to(tl.float32)
-        qx = tl.sum((packed & 0xF).to(tl.float32) * x_even[None, :, :]
-                    + (packed >> 4).to(tl.float32) * x_odd[None, :, :], axis=2)  # (BLOCK_N, G)
-        x_sum = tl.sum(x_even + x_odd, axis=1)  # (G,)
+        word = g[:, None] * WG + rw[None, :]  # (G, WG): the tile's words in a row
+        words = tl.load(W32 + rn[:, None, None] * stride_wn + word[None, :, :], mask=rows[:, :, None], other=0)
+        col = 8 * word[:, :, None] + rj[None, None, :]  # (G, WG, 8): the column of every value
+        x = tl.load(X + pid_m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # (G, WG) each: the x of value j of every word
+        part = _nibble_floats(words) * x0[None, :, :]
+        part += _nibble_floats(words >> 4) * x1[None, :, :]
+        part += _nibble_floats(words >> 8) * x2[None, :, :]
+        part += _nibble_floats(words >> 12) * x3[None, :, :]
+        part += _nibble_floats(words >> 16) * x4[None, :, :]
+        part += _nibble_floats(words >> 20) * x5[None, :, :]
+        part += _nibble_floats(words >> 24) * x6[None, :, :]
+        part += _nibble_floats(words >> 28) * x7[None, :, :]
+        qx = tl.sum(part, axis=2)  # (BLOCK_N, G)
+        x_sum = tl.sum(tl.sum(x, axis=2), axis=1)  # (G,)
         scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
         zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
         acc += tl.sum(scale * (qx - zero * x_sum[None, :]), axis=1)
@@ -140,6 +154,26 @@ def _int4_vector_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, str
         tl.store(C + pid_m * stride_cm + rn, acc.to(C.dtype.element_ty), mask=rn < N)
     else:
         tl.atomic_add(C + pid_m * stride_cm + rn, acc, mask=rn < N, sem="relaxed")
+
+
+@triton.jit
+def _split8(x):
+    """A (..., 8) tensor as its eight (...) slices, in order."""
+    even, odd = tl.split(tl.reshape(x, x.shape[:-1] + [4, 2]))  # j = 0, 2, 4, 6 and 1, 3, 5, 7
+    x04, x26 = tl.split(tl.reshape(even, even.shape[:-1] + [2, 2]))
+    x15, x37 = tl.split(tl.reshape(odd, odd.shape[:-1] + [2, 2]))
+    x0, x4 = tl.split(x04)
+    x2, x6 = tl.split(x26)
+    x1, x5 = tl.split(x15)
+    x3, x7 = tl.split(x37)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _nibble_floats(bits):
+    """The low four bits of each int32 as a float32, exactly, without an int-to-float conversion (a
+    quarter-rate instruction that bounded the decode kernels): OR-ed into the mantissa of 2^23, minus 2^23."""
+    return ((bits & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
@@ -307,8 +341,10 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
     kp = weight.packed.shape[1] * 2
     out = (torch.zeros((m, n), device=x2.device, dtype=torch.float32) if split
            else torch.empty((m, n), device=x2.device, dtype=x2.dtype))
-    args = (x2, weight.packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
-            n, weight.k, kp, weight.scale.shape[1], x2.stride(0), weight.packed.stride(0), out.stride(0),
+    # the vector kernel reads the packed bytes as int32 words (Kp / 2 bytes a row: a multiple of 16)
+    packed = weight.packed.contiguous().view(torch.int32) if vector else weight.packed
+    args = (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
+            n, weight.k, kp, weight.scale.shape[1], x2.stride(0), packed.stride(0), out.stride(0),
             triton.next_power_of_2(m))
     flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None}
     if not vector:
@@ -368,6 +404,7 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
     kp = -(-k // group) * group
     x = torch.zeros((1, k), device=device, dtype=dtype)
     packed = torch.zeros((1, kp // 2), device=device, dtype=torch.uint8)
+    words = packed.view(torch.int32)
     scale = torch.zeros((1, kp // group), device=device, dtype=torch.float32)
     decode = m <= DECODE_ROWS
     tensor_flags = {"GROUP": group, "HAS_BIAS": has_bias, "IEEE": dtype == torch.float32, "INTERPRET": False}
@@ -380,9 +417,10 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
         out = torch.zeros((1, 1), device=device,
                           dtype=torch.float32 if tuner in (_DECODE_SPLIT, _VECTOR_SPLIT) else dtype)
         # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
-        args = (x, packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group, k, kp // 2, n,
-                triton.next_power_of_2(m))
-        prune = _prune_vector if tuner in (_VECTOR_DIRECT, _VECTOR_SPLIT) else _prune
+        vector = tuner in (_VECTOR_DIRECT, _VECTOR_SPLIT)
+        args = (x, words if vector else packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group,
+                k, kp // 8 if vector else kp // 2, n, triton.next_power_of_2(m))
+        prune = _prune_vector if vector else _prune
         jobs += [(tuner, args, flags, cfg) for cfg in prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)]
     index, count = shard
     for tuner, args, flags, cfg in jobs[index::count]:
