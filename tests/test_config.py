@@ -449,14 +449,15 @@ def test_an_opt_in_variant_runs_only_where_the_config_names_it():
     cfg = cfgmod.load(path, device="cuda", overrides={"profile": "bench,stages"})
     cfgmod.check_against_plugin(cfg, plugin)
     assert [name for name, _ in plan_variants(plugin, cfg)] == [
-        "eager", "triton", "sdpa_cudnn", "triton_no_qk", "triton_no_softmax", "triton_no_exp2", "triton_no_pv"]
-    assert len(cfg.stats.contrasts) == 4
-    text = "plugin: flash_attn\nstats:\n  contrasts: [triton_no_pv vs triton]\nsweep:\n  triton_no_qk: {loads: [tma]}\n"
+        "eager", "triton", "sdpa_cudnn", "triton_no_softmax", "triton_no_exp2", "triton_no_pv"]
+    assert len(cfg.stats.contrasts) == 3
+    text = ("plugin: flash_attn\nstats:\n  contrasts: [triton_no_pv vs triton]\n"
+            "sweep:\n  triton_no_exp2: {loads: [tma]}\n")
     with pytest.raises(ConfigError) as info:
         cfgmod.check_against_plugin(cfgmod.loads(text, "ablations/x.yaml"), plugin)
     assert ("ablations/x.yaml:3: stats.contrasts: 'triton_no_pv' runs only where 'variants:' names it (an opt-in "
             "variant); add it there or drop the contrast") in info.value.problems
-    assert any(p.startswith("ablations/x.yaml:5: sweep.triton_no_qk: 'triton_no_qk' runs only where")
+    assert any(p.startswith("ablations/x.yaml:5: sweep.triton_no_exp2: 'triton_no_exp2' runs only where")
                for p in info.value.problems), info.value.problems
     with pytest.raises(ValueError, match="peers only"):
         Variant(lambda x: x, opt_in=True)

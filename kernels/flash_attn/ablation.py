@@ -58,7 +58,7 @@ def triton_supports(case: Case, device: str) -> str | None:
 
 
 #: The forward stages a ``--profile stages`` run leaves out one at a time (``kernel.OMIT_STAGES``).
-STAGES = {"qk": "the QK^T GEMM and K's loads", "softmax": "the softmax (max, exponentials, rescale, row sums, mask)",
+STAGES = {"softmax": "the softmax (max, exponentials, rescale, row sums, mask)",
           "exp2": "the exponentials alone", "pv": "the PV GEMM and V's loads"}
 
 

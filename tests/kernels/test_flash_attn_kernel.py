@@ -127,14 +127,10 @@ def test_both_dq_modes_agree_and_a_bad_mode_is_refused() -> None:
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # no softmax: O = PV / 0
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_each_omitted_stage_is_what_leaves_the_kernel(dtype: str) -> None:
-    """The stage study's launches leave out what they say: no QK^T gives zero scores, a uniform softmax over the
-    visible keys, so O is V's mean over keys; no PV GEMM leaves O zero; no exponentials or no softmax change O.
-    They are forward only, and an unknown stage is refused by name."""
-    seed = _seed()
-    q, k, v, _ = _inputs(seed, 45, 61, 64, DTYPES[dtype])
+    """The stage study's launches leave out what they say: no PV GEMM leaves O zero; no exponentials or no
+    softmax change O. They are forward only, and an unknown stage is refused by name."""
+    q, k, v, _ = _inputs(_seed(), 45, 61, 64, DTYPES[dtype])
     whole = flash_attention(q, k, v)
-    mean_v = v.double().mean(dim=2, keepdim=True).expand(-1, -1, 45, -1)
-    assert _rel(flash_attention(q, k, v, omit="qk"), mean_v) < 1e-2, f"MICROSCOPE_TEST_SEED={seed}"
     assert torch.all(flash_attention(q, k, v, omit="pv") == 0)
     for stage in ("exp2", "softmax"):
         out = flash_attention(q, k, v, omit=stage)
@@ -143,8 +139,8 @@ def test_each_omitted_stage_is_what_leaves_the_kernel(dtype: str) -> None:
     leaf = q.detach().clone().requires_grad_()
     with pytest.raises(RuntimeError, match="forward-only speed study"):
         flash_attention(leaf, k, v, omit="exp2").sum().backward()
-    with pytest.raises(ValueError, match="omit='gemm'.*'qk'"):
-        flash_attention(q, k, v, omit="gemm")
+    with pytest.raises(ValueError, match="omit='qk'.*'softmax'"):
+        flash_attention(q, k, v, omit="qk")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
