@@ -19,9 +19,9 @@ row of x and a tile of output channels, reads the weight as int32 words of eight
 value with x's matching column, sums each group's products, and applies the group's scale and zero point
 once per group, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit.
 
-Both decode paths turn 4-bit values into floats with integer operations and one add (``_nibble_floats``),
-not with int-to-float conversions: those run at a quarter of the FP32 rate on Hopper and, one per weight,
-cost more time than reading the weight.
+Both kernels turn 4-bit values into floats with integer operations and one add (``_nibble_floats``), not
+with int-to-float conversions: those run at a quarter of the FP32 rate on Hopper and, one per weight, cost
+a decode call more time than reading the weight.
 
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
