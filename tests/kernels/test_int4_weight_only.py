@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 import triton
+from microscope_kernels.int4_weight_only import kernel
 from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
 from microscope_kernels.int4_weight_only.kernel import (
     _FASTEST,
@@ -108,7 +109,12 @@ def test_every_decode_path_gives_the_product_with_the_dequantized_weight(m, n, k
     scale = float(want.abs().max().clamp_min(1))
     key = (triton.next_power_of_2(m), n, k, group, dtype, False)
     vector = m <= VECTOR_ROWS and dtype != torch.float32
-    for path in ("direct", "split", *(("vector", "vector_split") if vector else ())):
+    kp = -(-k // group) * group
+    splits = kernel._splits(kernel._DECODE_SPLIT, _prune, kp, group)
+    vector_splits = vector and kernel._splits(kernel._VECTOR_SPLIT, _prune_vector, kp, group)
+    paths = ["direct", *(["split"] if splits else []), *(["vector"] if vector else []),
+             *(["vector_split"] if vector_splits else [])]
+    for path in paths:  # every path int4_linear offers here (a GPU offers a split only where it has candidates)
         monkeypatch.setitem(_FASTEST, key, path)  # the path a GPU would have timed as the faster
         got = int4_linear(x, q4).double()
         assert got.dtype == torch.float64 and got.shape == (m, n)
@@ -334,7 +340,6 @@ def test_the_gptq_block_kernel_gives_the_reference_loop_bit_for_bit(n, width, gr
 def test_a_split_path_is_timed_only_where_its_autotuner_has_a_candidate(monkeypatch):
     """On a GPU, K = 384 in groups of 128 leaves the vector kernel's splits (4 or 8, tiles of whole groups)
     less than two tiles a program: that path is not offered, rather than failing and warning."""
-    from microscope_kernels.int4_weight_only import kernel
 
     monkeypatch.setattr(kernel, "interpreting", lambda: False)
     assert not kernel._splits(kernel._VECTOR_SPLIT, kernel._prune_vector, 384, 128)
