@@ -1127,8 +1127,7 @@ def _check_sweep_against(config: RunConfig, plugin: Ablation, problems: list[str
             problems.append(config.problem(at, "the baseline is not swept: every variant is compared with it"))
             continue
         if variant.opt_in and name not in config.variants:
-            problems.append(config.problem(at, f"{_show(name)} runs only where 'variants:' names it (an opt-in "
-                                               "variant); add it there"))
+            problems.append(config.problem(at, _opt_in_left_out(name, "add it there")))
             continue
         declared = dict(variant.params)
         for param, values in params.items():
@@ -1170,8 +1169,11 @@ def _check_contrasts_against(config: RunConfig, plugin: Ablation, level: str, pr
                 problems.append(config.problem(at, f"{_show(name)} is not in this run's variants; add it to "
                                                    "'variants:' or drop the contrast"))
             elif getattr(kinds[own], "opt_in", False) and own not in chosen:
-                problems.append(config.problem(at, f"{_show(name)} runs only where 'variants:' names it (an "
-                                                   "opt-in variant); add it there or drop the contrast"))
+                problems.append(config.problem(at, _opt_in_left_out(name, "add it there or drop the contrast")))
+
+
+def _opt_in_left_out(name: str, fix: str) -> str:
+    return f"{_show(name)} runs only where 'variants:' names it (an opt-in variant); {fix}"
 
 
 def effective_level(config: RunConfig, plugin: Ablation) -> str:

@@ -307,24 +307,33 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     m, n = x2.shape[0], weight.n
     if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    if m > DECODE_ROWS:
-        paths = {"fused": lambda: _gemm(x2, weight, bias, vector=False, split=False),
-                 "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x.dtype), bias)}
-    else:
-        kp = weight.packed.shape[1] * 2
-        paths = {"direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
-        if _splits(_DECODE_SPLIT, _prune, kp, weight.group):
-            paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True), **paths}
-        if m <= VECTOR_ROWS and x.dtype != torch.float32:  # float32 keeps the reference's per-element weight
-            paths["vector"] = lambda: _gemm(x2, weight, bias, vector=True, split=False)
-            if _splits(_VECTOR_SPLIT, _prune_vector, kp, weight.group):
-                paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
+    paths = offered_paths(x2, weight, bias)
     key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
     if interpreting():  # not timed under the interpreter: the first path unless set
         path = _FASTEST.get(key, next(iter(paths)))
     else:
         path = _fastest(key, paths)
     return paths[path]().reshape(*lead, n)
+
+
+def offered_paths(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> dict:
+    """Name -> a call computing ``x2 @ W^T + bias`` (x2 of shape (M, K)), for every path ``int4_linear`` may
+    take at this shape: the fused GEMM and dequantize-then-matmul for prefill; for decode the direct GEMM, its
+    split-K form where the autotuner has a candidate, and the vector kernel (with its split) for up to
+    ``VECTOR_ROWS`` bf16/fp16 rows."""
+    m = x2.shape[0]
+    if m > DECODE_ROWS:
+        return {"fused": lambda: _gemm(x2, weight, bias, vector=False, split=False),
+                "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x2.dtype), bias)}
+    kp = weight.packed.shape[1] * 2
+    paths = {"direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
+    if _splits(_DECODE_SPLIT, _prune, kp, weight.group):
+        paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True), **paths}
+    if m <= VECTOR_ROWS and x2.dtype != torch.float32:  # float32 keeps the reference's per-element weight
+        paths["vector"] = lambda: _gemm(x2, weight, bias, vector=True, split=False)
+        if _splits(_VECTOR_SPLIT, _prune_vector, kp, weight.group):
+            paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
+    return paths
 
 
 def _splits(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - an autotuner and its prune rule
@@ -341,8 +350,7 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
     kp = weight.packed.shape[1] * 2
     out = (torch.zeros((m, n), device=x2.device, dtype=torch.float32) if split
            else torch.empty((m, n), device=x2.device, dtype=x2.dtype))
-    # the vector kernel reads the packed bytes as int32 words (Kp / 2 bytes a row: a multiple of 16)
-    packed = weight.packed.contiguous().view(torch.int32) if vector else weight.packed
+    packed = weight.words if vector else weight.packed  # the vector kernel reads int32 words
     args = (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
             n, weight.k, kp, weight.scale.shape[1], x2.stride(0), packed.stride(0), out.stride(0),
             triton.next_power_of_2(m))

@@ -35,6 +35,12 @@ class Int4Weight:
     def n(self) -> int:
         return int(self.packed.shape[0])
 
+    @property
+    def words(self) -> torch.Tensor:
+        """``packed`` as int32 words of eight values (N, Kp / 8), the same memory (Kp / 2 bytes a row is a
+        multiple of 16)."""
+        return self.packed.contiguous().view(torch.int32)
+
     def nbytes(self) -> int:
         """Bytes a kernel reads for the weight: the packed values, the scales and the zero points."""
         return int(self.packed.numel() + 4 * self.scale.numel() + 4 * self.zero.numel())

@@ -108,12 +108,9 @@ def test_every_decode_path_gives_the_product_with_the_dequantized_weight(m, n, k
     eps = torch.finfo(dtype).eps
     scale = float(want.abs().max().clamp_min(1))
     key = (triton.next_power_of_2(m), n, k, group, dtype, False)
+    paths = list(kernel.offered_paths(x, q4, None))
     vector = m <= VECTOR_ROWS and dtype != torch.float32
-    kp = -(-k // group) * group
-    splits = kernel._splits(kernel._DECODE_SPLIT, _prune, kp, group)
-    vector_splits = vector and kernel._splits(kernel._VECTOR_SPLIT, _prune_vector, kp, group)
-    paths = ["direct", *(["split"] if splits else []), *(["vector"] if vector else []),
-             *(["vector_split"] if vector_splits else [])]
+    assert ("vector" in paths) == vector and "direct" in paths
     for path in paths:  # every path int4_linear offers here (a GPU offers a split only where it has candidates)
         monkeypatch.setitem(_FASTEST, key, path)  # the path a GPU would have timed as the faster
         got = int4_linear(x, q4).double()
