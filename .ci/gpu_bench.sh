@@ -67,17 +67,20 @@ for room in ${ROOMS-$(grep -l '^  bench:' ablations/*.yaml | xargs -n1 basename 
   step "$room" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda --profile bench \
     --out "$WORK/runs" --no-report --no-progress
 done
-# EXTRA="config[:profiles][@seconds] ..." adds runs (120 s each unless @ says), e.g.
-#   EXTRA="flash_attn:bench,loads int8_kv_cache:bench,kernels int8_linear_model@200"
+# EXTRA="config[:profiles][@seconds][+key=value...] ..." adds runs (120 s each unless @ says; each +key=value
+# is a --set override), e.g.
+#   EXTRA="flash_attn:bench,loads int8_kv_cache:bench,kernels int8_linear_model@200+workload.seeds=1"
 for extra in ${EXTRA:-}; do
-  limit=120
+  limit=120 sets=()
+  case $extra in *+*) IFS=+ read -r -a sets <<<"${extra#*+}"; extra=${extra%%+*} ;; esac
   case $extra in *@*) limit=${extra##*@} extra=${extra%@*} ;; esac
   room=${extra%%:*} profiles=()
   case $extra in *:*) profiles=(--profile "${extra#*:}") ;; esac
   name=$room
   [ ${#profiles[@]} -gt 0 ] && name="$room-${extra#*:}" && name=${name//,/-}
+  [ ${#sets[@]} -gt 0 ] && sets=(--set "${sets[@]}")
   step "$name" "$limit" python3 -m microscope.cli run "ablations/$room.yaml" --device cuda \
-    "${profiles[@]}" --out "$WORK/runs" --no-report --no-progress
+    "${profiles[@]}" "${sets[@]}" --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |
