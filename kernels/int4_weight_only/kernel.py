@@ -19,9 +19,11 @@ row of x and a tile of output channels, reads the weight as int32 words of eight
 value with x's matching column, sums each group's products, and applies the group's scale and zero point
 once per group, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit.
 
-Both kernels turn 4-bit values into floats with integer operations and one add (``_nibble_floats``), not
-with int-to-float conversions: those run at a quarter of the FP32 rate on Hopper and, one per weight, cost
-a decode call more time than reading the weight.
+Both kernels turn 4-bit values into floats with integer operations, not with int-to-float conversions: those
+run at a quarter of the FP32 rate on Hopper and, one per weight, cost a decode call more time than reading the
+weight. The GEMM makes q itself (``_nibble_floats``, one add more); the vector kernel, bound by instruction
+issue, makes 1 + q / 16 (``_nibble_sixteenths``, a shift and an AND-OR) and takes the ones back out with the
+group's sum of x, which it needs for the zero point anyway.
 
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
@@ -113,7 +115,7 @@ def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, s
                         SPLIT_K: tl.constexpr):
     """C[m] = dequant(W) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, groups factored
     out. The packed weight is read as int32 words of eight values (``W32``, column ``8 w + j`` at bits
-    ``4 j``), loaded as (channels, groups, words of a group) and unpacked by ``_nibble_floats``."""
+    ``4 j``), loaded as (channels, groups, words of a group) and unpacked by ``_nibble_sixteenths``."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = BLOCK_K // GROUP
     WG: tl.constexpr = GROUP // 8
@@ -134,19 +136,20 @@ def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, s
         col = 8 * word[:, :, None] + rj[None, None, :]  # (G, WG, 8): the column of every value
         x = tl.load(X + pid_m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # (G, WG) each: the x of value j of every word
-        part = _nibble_floats(words) * x0[None, :, :]
-        part += _nibble_floats(words >> 4) * x1[None, :, :]
-        part += _nibble_floats(words >> 8) * x2[None, :, :]
-        part += _nibble_floats(words >> 12) * x3[None, :, :]
-        part += _nibble_floats(words >> 16) * x4[None, :, :]
-        part += _nibble_floats(words >> 20) * x5[None, :, :]
-        part += _nibble_floats(words >> 24) * x6[None, :, :]
-        part += _nibble_floats(words >> 28) * x7[None, :, :]
-        qx = tl.sum(part, axis=2)  # (BLOCK_N, G)
+        part = _nibble_sixteenths(words, 0) * x0[None, :, :]
+        part += _nibble_sixteenths(words, 4) * x1[None, :, :]
+        part += _nibble_sixteenths(words, 8) * x2[None, :, :]
+        part += _nibble_sixteenths(words, 12) * x3[None, :, :]
+        part += _nibble_sixteenths(words, 16) * x4[None, :, :]
+        part += _nibble_sixteenths(words, 20) * x5[None, :, :]
+        part += _nibble_sixteenths(words, 24) * x6[None, :, :]
+        part += _nibble_sixteenths(words, 28) * x7[None, :, :]
+        ones_x = tl.sum(part, axis=2)  # (BLOCK_N, G): sum of (1 + q / 16) x over each group
         x_sum = tl.sum(tl.sum(x, axis=2), axis=1)  # (G,)
         scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
         zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
-        acc += tl.sum(scale * (qx - zero * x_sum[None, :]), axis=1)
+        # sum of (q - zero) x = 16 * ones_x - (16 + zero) * x_sum
+        acc += tl.sum(scale * (16.0 * ones_x - (16.0 + zero) * x_sum[None, :]), axis=1)
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
@@ -167,6 +170,18 @@ def _split8(x):
     x1, x5 = tl.split(x15)
     x3, x7 = tl.split(x37)
     return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _nibble_sixteenths(words, SHIFT: tl.constexpr):
+    """1 + q / 16 as a float32, exactly, for the 4-bit value q at bits SHIFT..SHIFT+3 of each int32: q moved
+    into the top four mantissa bits of 1.0. A shift and one AND-OR per value, and the product with x is one
+    multiply-add (the vector kernel is bound by instruction issue, not by bytes)."""
+    if SHIFT <= 19:
+        moved = words << (19 - SHIFT)
+    else:
+        moved = words >> (SHIFT - 19)
+    return ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
