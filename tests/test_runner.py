@@ -596,13 +596,20 @@ def test_a_study_variant_is_timed_where_named_but_never_the_best_peer(tmp_path):
             "  throughput: {warmup: 1, rounds: 4, reps: 1}\n  memory: {enabled: false}\n")
     plain = _run_plugin(tmp_path, "study.py", STUDY, base, "plain")
     assert not _by(plain, variant="no_work")
-    text = base + "variants: [fused, slow, no_work]\n"
+    text = base + "variants: [fused, slow, no_work]\nstats: {contrasts: [no_work vs fused]}\n"
     result = _run_plugin(tmp_path, "study.py", STUDY, text, "study")
     (lat,) = _by(result, variant="no_work", metric="latency_ms")
     assert lat.status == "ok" and lat.details["study"] is True and lat.details["speed_only"] is True
     assert not _by(result, variant="slow", metric="latency_ms")[0].details.get("study")
     (fast,) = _by(result, variant="slow", metric="latency_ms")
     assert lat.value < fast.value, "the study variant is the fastest peer by time"
-    table = save_run_table(result.out_dir)
+    table = save_run_table(result.out_dir, contrasts=(("no_work", "fused"),))
     best = table[(table["vs"] == "best_peer") & (table["candidate"] == "fused")]
     assert best["baseline"].tolist() == ["slow"] and "(slow, of 1)" in best["notes"].item()
+    from microscope.report.headline import SKIPPED_DIMENSION, from_comparison
+
+    headlines = from_comparison(table)
+    lines = [h.text for h in headlines]
+    assert "no_work: timed, accuracy not checked (different math)" in lines
+    assert any(t.startswith("no_work vs fused") and t.endswith("(contrast, not gated)") for t in lines), lines
+    assert not [h.text for h in headlines if h.dimension == SKIPPED_DIMENSION]  # it was timed, not left out

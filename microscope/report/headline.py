@@ -273,7 +273,8 @@ def from_comparison(table: pd.DataFrame, ranks: dict[str, int] | None = None) ->
     skipped: dict[str, list[str]] = {}
     out.extend(_figures_failed(table, plugins))
     table = table[table["dimension"] != FIGURES]
-    speed_only = table[(table["verdict"] == "skipped") & (table["notes"] == SPEED_ONLY)]
+    # a contrast's row says so before the reason: "contrast: a vs b (...); speed only: ..."
+    speed_only = table[(table["verdict"] == "skipped") & table["notes"].astype(str).str.endswith(SPEED_ONLY)]
     if len(speed_only):
         names = ", ".join(dict.fromkeys(str(c) for c in speed_only["candidate"]))
         out.append(Headline("speed only", f"{names}: timed, accuracy not checked (different math)", "neutral", {}))
