@@ -21,9 +21,9 @@ once per group, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged 
 
 Both kernels turn 4-bit values into floats with integer operations, not with int-to-float conversions: those
 run at a quarter of the FP32 rate on Hopper and, one per weight, cost a decode call more time than reading the
-weight. The GEMM makes q itself (``_nibble_floats``, one add more); the vector kernel, bound by instruction
-issue, makes 1 + q / 16 (``_nibble_sixteenths``, a shift and an AND-OR) and takes the ones back out with the
-group's sum of x, which it needs for the zero point anyway.
+weight. The GEMM makes q itself (``_nibble_floats``, one add more). The vector kernel, whose instructions take
+longer to issue than its bytes take to read, makes 1 + q / 16 (``_nibble_sixteenths``, a shift and an AND-OR)
+and takes the ones back out with the group's sum of x, which it needs for the zero point anyway.
 
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
@@ -176,7 +176,7 @@ def _split8(x):
 def _nibble_sixteenths(words, SHIFT: tl.constexpr):
     """1 + q / 16 as a float32, exactly, for the 4-bit value q at bits SHIFT..SHIFT+3 of each int32: q moved
     into the top four mantissa bits of 1.0. A shift and one AND-OR per value, and the product with x is one
-    multiply-add (the vector kernel is bound by instruction issue, not by bytes)."""
+    multiply-add: the vector kernel's instructions take longer to issue than its bytes take to read."""
     if SHIFT <= 19:
         moved = words << (19 - SHIFT)
     else:
