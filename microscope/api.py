@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, NormGelu, Transformer
+from microscope.workloads import ConvertedLinear, EagerAttention, KVCache, ModelConfig, NormGelu, Transformer
 from microscope.workloads.moe import MoE, use_moe
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "EagerAttention",
     "Figure",
     "KVCache",
+    "ModelShapes",
     "MoE",
     "NormGelu",
     "RankContext",  # noqa: F822 - module __getattr__
@@ -341,6 +342,21 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class ModelShapes:
+    """What one arm of a model-level run computes with, for ``Ablation.precompile_model``: its model config,
+    the dtype its layers see (the recipe's autocast, else float32), every distinct ``nn.Linear`` of the model
+    as (out_features, in_features, has_bias), and the row counts (tokens per call) of the calls the run
+    makes: training batches (arms that train), evaluation and prefill batches, and decode steps (one token
+    per sequence). A last evaluation batch may hold fewer rows."""
+
+    model: ModelConfig
+    dtype: torch.dtype
+    linears: tuple[tuple[int, int, bool], ...]
+    rows: tuple[int, ...]
+    trains: bool
+
+
+@dataclass(frozen=True)
 class Figure:
     """One figure of a plugin's own (``Ablation.figures``): its value, unit and which way is better."""
 
@@ -455,6 +471,12 @@ class Ablation:
         once per case under a fixed ``shard[0]`` (a torch.compile warm-up) spreads over the processes. Warm a
         compiled peer with ``call_as_timed`` once per way the run calls it, in the shards ``warm_ways`` names.
         ``MICROSCOPE_PRECOMPILE_WORKERS=0`` skips the step. Default: nothing to compile."""
+
+    def precompile_model(self, arm: str, shapes: ModelShapes, device: str, shard: tuple[int, int]) -> None:
+        """Optional, model level: as ``precompile``, for the kernels arm ``arm`` will run inside the model
+        (``shapes``: its Linears, dtype and row counts), only the ``shard[0]``-th of ``shard[1]`` parts. A
+        model's Linears come in several shapes, each autotuned at its first call: compiled one by one there,
+        inside a seed's training or evaluation, the candidates can take minutes. Default: nothing to compile."""
 
     def figures(self, case: Case, inputs: Mapping[str, Any], device: str) -> Mapping[str, Mapping[str, Figure]]:
         """Optional: figures of the plugin's own for one case that no dimension measures (an LSH

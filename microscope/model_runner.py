@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from microscope.api import Ablation, Arm, Case, Role
 from microscope.config import RunConfig
 from microscope.executors.groups import Group
 from microscope.instrument import RunLogger
 from microscope.model_measures import Measurement, stage_metrics
-from microscope.model_setup import TrialSeeds, WorkloadData, trial_setup
+from microscope.model_setup import TrialSeeds, WorkloadData, model_shapes, trial_setup
 from microscope.model_trial import BaselineRef, Trial
 from microscope.observe_model import log_training, observe_models
 from microscope.rank_measures import RANK_METRICS
@@ -36,6 +37,9 @@ from microscope.runner import INSTRUMENTS_GROUP, INTERPRETER_NOTE, RunBase, _des
 from microscope.stats.metrics import INTERPRETER_MEMORY
 from microscope.stats.sequential import SequentialPlan, undecided
 from microscope.store.records import Record
+
+if TYPE_CHECKING:
+    from microscope.precompile import PrecompileReport
 
 __all__ = ["ModelRunner", "plan_arms"]
 
@@ -84,6 +88,25 @@ class ModelRunner(RunBase):
         plan = {stage: [(d, m) for d, m in owed if (every_seed[d] if (d, m) in RANK_METRICS else enabled[d])]
                 for stage, owed in stages.items()}
         return {stage: owed for stage, owed in plan.items() if owed or stage in ("check", "train")}
+
+    def compiles_kernels(self) -> bool:
+        from microscope.precompile import defines_precompile_model
+
+        return defines_precompile_model(self.plugin)
+
+    def precompile_kernels(self) -> PrecompileReport | None:
+        """Every arm's kernels (``Ablation.precompile_model``) for the Linears and rows its model will run."""
+        from microscope.precompile import precompile_model
+
+        arms = []
+        for name, arm in self.arms():
+            if skip_reason(arm, self.case, self.device) is not None:
+                continue
+            try:
+                arms.append((name, model_shapes(self.config.workload, arm)))
+            except (TypeError, ValueError, KeyError):
+                continue  # the arm's own check stage records why its setup is invalid
+        return precompile_model(self.plugin, arms, self.device)
 
     def _any_fp16(self) -> bool:
         """Whether some arm trains with fp16 autocast (then every arm records AMP loss-scale changes)."""

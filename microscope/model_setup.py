@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from microscope.api import Arm
+from microscope.api import Arm, ModelShapes
 from microscope.config import WorkloadConfig
 from microscope.seeding import derive_seed
 from microscope.workloads import (
@@ -28,12 +28,13 @@ from microscope.workloads import (
     ModelConfig,
     Profile,
     TrainRecipe,
+    Transformer,
     get_profile,
     load_corpus,
 )
 from microscope.workloads.train import PRECISIONS
 
-__all__ = ["TrialSeeds", "TrialSetup", "WorkloadData", "autocast", "param_checksum", "trial_setup"]
+__all__ = ["TrialSeeds", "TrialSetup", "WorkloadData", "autocast", "model_shapes", "param_checksum", "trial_setup"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,24 @@ def trial_setup(workload: WorkloadConfig, arm: Arm, seeds: TrialSeeds) -> TrialS
     eval_tokens = workload.eval_tokens if workload.eval_tokens is not None else profile.eval_tokens
     rows = workload.eval_batch_size if workload.eval_batch_size is not None else profile.eval_batch_size
     return TrialSetup(profile, model, recipe, eval_tokens, rows)
+
+
+def model_shapes(workload: WorkloadConfig, arm: Arm) -> ModelShapes:
+    """What ``arm`` will compute with (``Ablation.precompile_model``): its model's Linears, read off a model
+    built on the meta device (no memory, no weights), the autocast dtype, and the rows of its calls:
+    training batches (an arm that trains), evaluation and prefill batches (eval batch x context), the
+    decode prompt (its first half) and decode steps (one row per sequence)."""
+    setup = trial_setup(workload, arm, TrialSeeds.of(0, 0))
+    with torch.device("meta"):
+        model = Transformer(setup.model)
+    linears = tuple(dict.fromkeys((m.out_features, m.in_features, m.bias is not None)
+                                  for m in model.modules() if isinstance(m, nn.Linear)))
+    rows = {setup.eval_batch_size * setup.context, setup.eval_batch_size * max(1, setup.context // 2),
+            setup.eval_batch_size}
+    if not arm.inference_only:
+        rows.add(setup.recipe.batch_size * setup.context)
+    dtype = PRECISIONS[setup.recipe.precision] or torch.float32
+    return ModelShapes(setup.model, dtype, linears, tuple(sorted(rows)), trains=not arm.inference_only)
 
 
 @dataclass(frozen=True)

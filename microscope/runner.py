@@ -39,6 +39,7 @@ from microscope.store.records import Record
 
 if TYPE_CHECKING:
     from microscope.executors import Executor
+    from microscope.precompile import PrecompileReport
 
 #: The key of the operator runner's last group: traces and op diffs of every case.
 INSTRUMENTS_GROUP = "instruments"
@@ -225,12 +226,33 @@ class RunBase:
     def close(self) -> None:
         """Release what the runner holds open (TensorBoard writers)."""
 
+    def compiles_kernels(self) -> bool:
+        """Whether the plugin has GPU kernels to compile before the groups run (``precompile_kernels``)."""
+        return False
+
+    def precompile_kernels(self) -> PrecompileReport | None:
+        """Compile the plugin's GPU kernels in parallel processes (``microscope.precompile``); None if skipped."""
+        return None
+
     def run(self, executor: Executor | None = None, *, resume: Resume | None = None,
             max_wall_s: float | None = None) -> RunResult:
-        """Run every group on ``executor`` (default: inline, in this process) and return the result."""
+        """Run every group on ``executor`` (default: inline, in this process) and return the result. On a GPU
+        the plugin's kernels compile first (``precompile_kernels``), while an executor that can (``prestart``)
+        starts its first worker."""
         from microscope.executors.driver import Driver
         from microscope.executors.inline import InlineExecutor
 
+        compiling = self.device == "cuda" and not self.interpreted and self.compiles_kernels()
+        if compiling:
+            # every process compiles serially: a run's precompile processes (one per CPU) and its worker
+            # would otherwise each start one compile subprocess per CPU, all importing torch at once
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        if hasattr(executor, "prestart"):
+            executor.prestart(warm=compiling)  # type: ignore[union-attr]
+        if compiling:
+            report = self.precompile_kernels()
+            if report is not None:
+                self.on_progress(report.summary())
         start = time.perf_counter()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.outcome = Driver(self, executor or InlineExecutor(self), resume=resume, max_wall_s=max_wall_s).run()
@@ -257,26 +279,18 @@ class Runner(RunBase):
 
             self.tensorboard = RunLogger(self.out_dir / "tensorboard")
 
-    def run(self, executor: Executor | None = None, *, resume: Resume | None = None,
-            max_wall_s: float | None = None) -> RunResult:
-        """Compile the plugin's GPU kernels for every case in parallel first (``Ablation.precompile``), while
-        an executor that can (``prestart``) starts its first worker."""
-        from microscope.precompile import defines_precompile, precompile
+    def compiles_kernels(self) -> bool:
+        from microscope.precompile import defines_precompile
 
-        compiling = self.device == "cuda" and not self.interpreted and defines_precompile(self.plugin)
-        if compiling:
-            # every process compiles serially: a run's precompile processes (one per CPU) and its worker
-            # would otherwise each start one compile subprocess per CPU, all importing torch at once
-            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        if hasattr(executor, "prestart"):
-            executor.prestart(warm=compiling)  # type: ignore[union-attr]
-        if self.device == "cuda" and not self.interpreted:
-            dims = self.config.dimensions
-            backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
-            report = precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)
-            if report is not None:
-                self.on_progress(report.summary())
-        return super().run(executor, resume=resume, max_wall_s=max_wall_s)
+        return defines_precompile(self.plugin)
+
+    def precompile_kernels(self) -> PrecompileReport | None:
+        """Every case's kernels (``Ablation.precompile``), with their backward where a dimension needs it."""
+        from microscope.precompile import precompile
+
+        dims = self.config.dimensions
+        backward = any(d.enabled and d.backward for d in (dims.accuracy, dims.throughput, dims.memory))
+        return precompile(self.plugin, plan_cases(self.plugin, self.config), self.device, backward)
 
     # -- planning -----------------------------------------------------------------------------
     def trials(self) -> Iterator[tuple[Case, int]]:

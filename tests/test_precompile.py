@@ -101,3 +101,73 @@ def test_a_cases_two_compiled_graphs_warm_in_two_processes_and_16_processes_hold
     assert warm_ways((0, 1), backward=True) == (True, False)  # one process does both
     per_process = [sum(len(warm_ways(case_shard(p, 16, c), True)) for c in range(8)) for p in range(16)]
     assert per_process == [1] * 16
+
+
+MODEL_PLUGIN = '''
+import json
+import os
+from pathlib import Path
+
+from microscope.api import Ablation, Arm, Role, register
+
+
+@register("model_precompile_probe")
+class ModelProbe(Ablation):
+    """Writes what it is asked to compile, per (arm, shard); refuses the arm "broken"."""
+
+    arms = {"base": Arm(Role.BASELINE, "the workload as is"),
+            "quantized": Arm(description="inference only", inference_only=True),
+            "broken": Arm(description="its kernels do not build", inference_only=True),
+            "gpu_only": Arm(description="needs a GPU", needs=("cuda",))}
+
+    def precompile_model(self, arm, shapes, device, shard):
+        if arm == "broken":
+            raise ValueError("no kernel for this arm")
+        seen = {"linears": [list(s) for s in shapes.linears], "rows": list(shapes.rows),
+                "dtype": str(shapes.dtype), "trains": shapes.trains, "context": shapes.model.context}
+        name = f"{arm}-shard{shard[0]}of{shard[1]}-{device}.json"
+        (Path(os.environ["PROBE_DIR"]) / name).write_text(json.dumps(seen))
+'''
+
+
+def test_a_model_level_run_compiles_every_runnable_arms_kernels_for_its_linears_and_rows(tmp_path, monkeypatch):
+    """Each arm the run can run gets every shard, with its model's Linears (out, in, bias) and the rows of its
+    calls (training only where it trains); an arm whose compile raises is one reported line."""
+    import json
+
+    from microscope import config as cfgmod
+    from microscope.model_runner import ModelRunner
+
+    (tmp_path / "model_probe.py").write_text(MODEL_PLUGIN)
+    out = tmp_path / "made"
+    out.mkdir()
+    monkeypatch.setenv("PROBE_DIR", str(out))
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    text = ("plugin: model_precompile_probe\nplugins: [model_probe.py]\nlevel: model\nworkload:\n  steps: 2\n"
+            "  batch_size: 4\n  eval_batch_size: 3\n  model: {d_model: 32, n_heads: 2, context: 16, mlp: gelu}\n"
+            "  recipe: {precision: bf16}\n")
+    cfg = cfgmod.loads(text, str(tmp_path / "probe.yaml"))
+    plugin = registry.get(cfg.plugin, cfg.plugins, base_dir=tmp_path)
+    runner = ModelRunner(plugin, cfg, device="cpu", interpreted=False, out_root=tmp_path, run_id="probe")
+    assert runner.compiles_kernels()
+    report = runner.precompile_kernels()
+    assert report is not None and "every arm in 2 processes" in report.summary()
+    assert report.errors == ["arm broken: ValueError: no kernel for this arm"] * 2  # one line per shard
+    made = sorted(p.name for p in out.iterdir())
+    assert made == [f"{arm}-shard{i}of2-cpu.json" for arm in ("base", "quantized") for i in (0, 1)]
+    base = json.loads((out / "base-shard0of2-cpu.json").read_text())
+    quantized = json.loads((out / "quantized-shard1of2-cpu.json").read_text())
+    *blocks, head = base["linears"]  # a block's qkv, output, MLP up and down (distinct shapes), the output head
+    assert blocks == [[96, 32, False], [32, 32, False], [128, 32, False], [32, 128, False]] and head[1:] == [32, False]
+    assert base["dtype"] == "torch.bfloat16" and base["context"] == 16
+    assert base["rows"] == [3, 3 * 8, 3 * 16, 4 * 16] and base["trains"]  # decode, decode prompt, eval, train
+    assert quantized["rows"] == [3, 3 * 8, 3 * 16] and not quantized["trains"]
+
+
+def test_a_plugin_without_model_kernels_compiles_nothing_at_model_level(monkeypatch):
+    from microscope.precompile import defines_precompile_model, precompile_model
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    plain = registry.get("toy_gelu", ["tests/plugins/toy.py"])
+    assert not defines_precompile_model(plain)
+    assert precompile_model(plain, [], "cuda") is None

@@ -20,12 +20,27 @@ from microscope_kernels.int4_weight_only.model_linear import gptq_calibration, i
 from microscope_kernels.int4_weight_only.reference import Int4Weight, dequantize, quantize_gptq, quantize_int4
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, error_budget, grid, peer, randn, register
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    ModelShapes,
+    Role,
+    baseline,
+    candidate,
+    error_budget,
+    grid,
+    peer,
+    randn,
+    register,
+)
 
 #: What round-to-nearest 4-bit weights may cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. On Gaussian weights it measures 8-12% (16 levels over a group's range:
 #: a step of ~1/3 of the weights' spread), more with larger groups and on one-row cases.
 INT4_ERROR_BUDGET = 0.15
+#: Model level: the group size of each 4-bit arm (what its kernels are compiled for).
+ARM_GROUPS = {"int4_g128": 128, "int4_g32": 32, "int4_gptq_g128": 128}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, **_: object) -> torch.Tensor:
@@ -99,12 +114,13 @@ class Int4WeightOnly(Ablation):
         "float": Arm(Role.BASELINE, "the trained model's own Linears (bf16 under the gpu profile's autocast, "
                                     "fp32 on CPU)"),
         "int4_g128": Arm(description="every Linear with 4-bit weights, groups of 128 (round to nearest, Triton)",
-                         patch=int4_linears(128), needs=("triton",), inference_only=True),
+                         patch=int4_linears(ARM_GROUPS["int4_g128"]), needs=("triton",), inference_only=True),
         "int4_g32": Arm(description="every Linear with 4-bit weights, groups of 32 (round to nearest, Triton)",
-                        patch=int4_linears(32), needs=("triton",), inference_only=True),
+                        patch=int4_linears(ARM_GROUPS["int4_g32"]), needs=("triton",), inference_only=True),
         "int4_gptq_g128": Arm(description="every Linear with GPTQ 4-bit weights, groups of 128: Hessians of "
                                           "the trained model's activations on training batches (Triton)",
-                              calibrate=gptq_calibration(128), needs=("triton",), inference_only=True),
+                              calibrate=gptq_calibration(ARM_GROUPS["int4_gptq_g128"]), needs=("triton",),
+                              inference_only=True),
     }
     # odd sizes: K a multiple of no group (the last group is padded), N and M of no tile; then one
     # shape torch's int4 op takes, so its peer is checked too
@@ -132,6 +148,13 @@ class Int4WeightOnly(Ablation):
         """This shard of the Triton GEMM's autotuning candidates for the case's shape, group and dtype."""
         if device == "cuda":
             compile_candidates(case["m"], case["n"], case["k"], case["group"], case.dtype, True, shard)
+
+    def precompile_model(self, arm: str, shapes: ModelShapes, device: str, shard: tuple[int, int]) -> None:
+        """This shard of the candidates of every Linear of a 4-bit arm's model, at each row count it runs."""
+        if device == "cuda" and arm in ARM_GROUPS:
+            for n, k, has_bias in shapes.linears:
+                for m in shapes.rows:
+                    compile_candidates(m, n, k, ARM_GROUPS[arm], shapes.dtype, has_bias, shard)
 
     def reference(self, inputs: Mapping[str, object]) -> torch.Tensor:
         """The Linear on the unquantized weight (float64 here): what every variant approximates."""

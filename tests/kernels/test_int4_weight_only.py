@@ -12,7 +12,7 @@ import pytest
 import torch
 import triton
 from microscope_kernels.int4_weight_only import kernel
-from microscope_kernels.int4_weight_only.ablation import INT4_ERROR_BUDGET, Int4WeightOnly
+from microscope_kernels.int4_weight_only.ablation import ARM_GROUPS, INT4_ERROR_BUDGET, Int4WeightOnly
 from microscope_kernels.int4_weight_only.kernel import (
     _FASTEST,
     VECTOR_ROWS,
@@ -345,3 +345,10 @@ def test_a_split_path_is_timed_only_where_its_autotuner_has_a_candidate(monkeypa
     assert kernel._splits(kernel._VECTOR_SPLIT, kernel._prune_vector, 4096, 128)
     assert kernel._splits(kernel._DECODE_SPLIT, kernel._prune, 384, 128)
     assert not kernel._splits(kernel._DECODE_SPLIT, kernel._prune, 64, 32)
+
+
+def test_every_4bit_arm_names_the_group_its_model_level_kernels_are_compiled_for():
+    """``precompile_model`` compiles an arm's GEMM candidates for its group: an arm missing from ``ARM_GROUPS``
+    would compile nothing and tune every Linear shape inside its first seed."""
+    quantized = {name for name, arm in Int4WeightOnly.arms.items() if arm.role is not Role.BASELINE}
+    assert set(ARM_GROUPS) == quantized and set(ARM_GROUPS.values()) <= set(GROUPS)
