@@ -345,9 +345,9 @@ class Arm:
 class ModelShapes:
     """What one arm of a model-level run computes with, for ``Ablation.precompile_model``: its model config,
     the dtype its layers see (the recipe's autocast, else float32), every distinct ``nn.Linear`` of the model
-    as (out_features, in_features, has_bias), and the row counts (tokens per call) of the calls the run
-    makes: training batches (arms that train), evaluation and prefill batches, and decode steps (one token
-    per sequence). A last evaluation batch may hold fewer rows."""
+    as built (before the arm's patch) as (out_features, in_features, has_bias), whether the arm trains, and
+    the row counts (tokens per call) of its calls: training batches (an arm that trains), evaluation and
+    prefill batches, and decode steps (one token per sequence). A last evaluation batch may hold fewer rows."""
 
     model: ModelConfig
     dtype: torch.dtype
