@@ -234,8 +234,10 @@ def _final_code(code: int, outcome, run_dir: Path, console: Console) -> int:  # 
         code = max(code, EXIT_FAILED_TRIALS)
     if outcome.unfinished or outcome.stopped:
         done = len(outcome.finished)
+        cut = (f" ({outcome.cut_records} record(s) of the groups cut short are kept and shown)"
+               if outcome.cut_records else "")
         console.print(Text(f"partial run ({outcome.stopped or 'stopped'}): {done} of {done + len(outcome.unfinished)} "
-                           f"trial groups finished; continue with: microscope resume {run_dir}", style="yellow"))
+                           f"trial groups finished{cut}; continue with: microscope resume {run_dir}", style="yellow"))
         if outcome.stopped and outcome.stopped.startswith("interrupted"):
             return EXIT_INTERRUPTED
         code = max(code, EXIT_FAILED_TRIALS)

@@ -124,6 +124,60 @@ def test_sigterm_stops_cleanly_and_resume_completes_the_run(tmp_path: Path) -> N
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
 
 
+SLOW_ARM = '''
+import os
+import time
+from pathlib import Path
+
+from microscope.api import Ablation, Arm, Role, register
+
+
+def _stall(model):
+    Path(os.environ["SLOW_ARM_FLAG"]).touch()  # the baseline arm of this seed is done: its records are sent
+    time.sleep(300)
+
+
+@register("slow_second_arm")
+class SlowSecondArm(Ablation):
+    """A baseline that trains in seconds and an arm that never finishes."""
+
+    arms = {"base": Arm(Role.BASELINE, "the workload as is"),
+            "stalls": Arm(description="its patch sleeps", patch=_stall)}
+'''
+
+
+def test_an_interrupted_model_level_seed_keeps_its_finished_arms_until_a_resume(tmp_path: Path) -> None:
+    """SIGTERM while a seed's second arm runs: the baseline arm's records are kept and reported (the group has
+    no groups.jsonl line), and a resume drops them to rerun the seed whole."""
+    from microscope.executors.groups import Resume
+
+    (tmp_path / "slow_arm.py").write_text(SLOW_ARM)
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text("plugin: slow_second_arm\nplugins: [slow_arm.py]\nlevel: model\nworkload:\n  seeds: 1\n  steps: 4\n"
+                   "  batch_size: 4\n  eval_tokens: 512\n  decode_tokens: 2\n"
+                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n")
+    flag, out = tmp_path / "stalling", tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "microscope.cli", "run", str(cfg), "--device", "cpu", "--out",
+                             str(out), "--no-progress", "--no-report", "--executor", "local"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "SLOW_ARM_FLAG": str(flag)})
+    deadline = time.monotonic() + 240
+    while not flag.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert flag.exists(), proc.communicate(timeout=60)[0]
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text
+    run_dir = _only_run(out)
+    kept = _records(run_dir)
+    assert kept and {r["variant"] for r in kept} == {"base"}, text
+    assert {"final_loss", "val_loss"} <= {r["metric"] for r in kept if r["status"] == "ok"}
+    assert read_group_log(run_dir) == []  # the seed never finished
+    assert f"{len(kept)} record(s) of the groups cut short are kept" in text
+    resume = Resume.prepare(run_dir)
+    assert resume.dropped_records == len(kept) and not _records(run_dir)  # the seed reruns whole
+
+
 def test_resume_drops_a_cut_group_and_a_torn_last_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = _toy_config(tmp_path, "[9, 17]")
     assert _run([str(cfg), "--out", str(tmp_path), "--executor", "inline"]) == 0

@@ -1,9 +1,11 @@
 """The driver: feeds a runner's trial groups to an executor and is the only writer of the run's files.
 
 Records of a group reach ``records.jsonl`` together once the group finishes, then its line reaches
-``groups.jsonl``; a group cut short (a kill, an interrupt, the run's ``max_wall_s``) leaves nothing
-behind but a rerun on ``--resume``. SIGINT and SIGTERM stop the run between groups (an inline group
-is interrupted where it is): what finished is kept and the reports are written from it.
+``groups.jsonl``. A group cut short by an interrupt or the run's ``max_wall_s`` keeps the records its
+worker had measured (a model-level seed's finished arms), with no ``groups.jsonl`` line: the reports show
+them, and ``--resume`` drops them and reruns the group whole. SIGINT and SIGTERM stop the run between
+groups (an inline group is interrupted where it is): what finished is kept and the reports are written
+from it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ class Driver:
             self.progress(f"{outcome.group.label}: {note}")
         if outcome.status != "ok":
             self.progress(f"{outcome.group.label}: group failed: {outcome.brief()}")
+
+    def keep_cut(self, group: Group, records: list) -> None:
+        """Write the records a group cut short had measured, without its ``groups.jsonl`` line."""
+        assert self._writer is not None
+        if not records:
+            return
+        for record in records:
+            self._writer.write(record)
+        self.runner.records.extend(records)
+        self.outcome.cut_records += len(records)
+        self.progress(f"{group.label}: cut short; its {len(records)} measured record(s) are kept, and a resume "
+                      "reruns the group")
 
     def progress(self, message: str) -> None:
         self.runner.on_progress(message)

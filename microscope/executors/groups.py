@@ -69,6 +69,8 @@ class RunOutcome:
     unfinished: list[str] = field(default_factory=list)
     stopped: str | None = None  # "interrupted (SIGINT)", "max_wall_s (3600 s) spent"
     resumed: int = 0  # groups taken over from an earlier attempt
+    #: records of groups cut short, kept in ``records.jsonl`` (no ``groups.jsonl`` line: a resume drops them)
+    cut_records: int = 0
 
     @property
     def failed(self) -> list[dict[str, Any]]:

@@ -198,9 +198,11 @@ class LocalExecutor:
         finished: set[str] = set()
         while queue or busy:
             if driver.should_stop():
-                for worker in busy:  # groups in flight are dropped whole: --resume reruns them
+                for worker in busy:  # groups in flight keep what they measured; --resume reruns them whole
+                    records = self._measured(worker)
                     worker.kill()
                     worker.conn.close()
+                    driver.keep_cut(worker.attempt.group, records)
                 break
             while queue and len(busy) < self.jobs:
                 attempt = queue.popleft()
@@ -223,6 +225,20 @@ class LocalExecutor:
                     driver.commit(outcome)
                     finished.add(outcome.group.key)
         return finished
+
+    @staticmethod
+    def _measured(worker: Worker) -> list:
+        """The records a worker's attempt streamed so far, with those still in its pipe."""
+        attempt = worker.attempt
+        assert attempt is not None
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                if message[0] == "record":
+                    attempt.records.append(message[1])
+        except (EOFError, OSError):
+            pass
+        return list(attempt.records)
 
     def _poll(self, worker: Worker, driver: Driver) -> tuple[GroupOutcome | None, Attempt | None]:
         """Read what the worker sent; settle its attempt if it finished, died or ran out of time."""
