@@ -55,3 +55,24 @@ def test_each_autotuned_key_becomes_one_line_with_winner_and_runner_up():
         f"runner-up {slow} at 0.25 ms",
         f"triton autotune add_one: key (64,): {slow} (autotuning cache)",
     ]
+
+
+def test_a_rooms_own_choice_reaches_the_worker_log_once_and_nothing_else_does():
+    """A room's INFO line (which path a shape keeps) goes to the log, once even after a second install; its
+    DEBUG lines and a logger outside the rooms' do not."""
+    import logging
+
+    room = logging.getLogger("microscope_kernels.some_room.kernel")
+    kernels = logging.getLogger(compile_log.KERNELS_LOGGER)
+    previous = kernels.handlers[:], kernels.level
+    lines: list[str] = []
+    try:
+        compile_log.install_kernel_log(lambda m: lines.append(f"first {m}"))
+        compile_log.install_kernel_log(lines.append)
+        room.info("int4_linear (1, 4096, 4096): the vector path (vector 9.1 us, direct 11.0 us)")
+        room.debug("not this one")
+        logging.getLogger("elsewhere").info("nor this one")
+        assert lines == ["int4_linear (1, 4096, 4096): the vector path (vector 9.1 us, direct 11.0 us)"]
+    finally:
+        kernels.handlers[:] = previous[0]
+        kernels.setLevel(previous[1])

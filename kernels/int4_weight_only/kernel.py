@@ -33,6 +33,7 @@ the faster whole call is kept per shape.
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
@@ -44,6 +45,9 @@ from microscope_kernels.fp32_dot import mma
 from microscope.api import interpreting
 
 from .reference import Int4Weight
+
+#: Which path each shape keeps, with the timings (a worker's log shows it; see ``_fastest``).
+_LOG = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -413,6 +417,8 @@ def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call r
                 warnings.warn(f"int4_linear: the {name} path failed on this GPU and is left out: {exc}",
                               stacklevel=3)
         _FASTEST[key] = min(times, key=times.__getitem__)
+        timed = ", ".join(f"{name} {ms * 1000:.1f} us" for name, ms in times.items())
+        _LOG.info(f"int4_linear {key}: the {_FASTEST[key]} path ({timed})")
     return _FASTEST[key]
 
 

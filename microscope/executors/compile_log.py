@@ -1,5 +1,5 @@
-"""Worker-log lines for Triton's builds and autotuning choices, so a slow first call or a swing between runs
-can be traced.
+"""Worker-log lines for Triton's builds and autotuning choices, and for the rooms' own choices, so a slow first
+call or a swing between runs can be traced.
 
 A group that spends seconds in its first call is either compiling (a specialization the precompile step
 did not build) or loading binaries from Triton's disk cache; the line names the kernel, which of the two,
@@ -10,12 +10,18 @@ later timing of that kernel: the line says which configuration won, against whic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+#: The logger a room reports its own per-shape choices to (INFO), e.g. which of two paths a shape keeps.
+KERNELS_LOGGER = "microscope_kernels"
+
 
 def install(log: Callable[[str], None]) -> bool:
-    """Hook Triton's compilation listener (Triton >= 3.4) to ``log``; False where this Triton has none."""
+    """Hook Triton's compilation listener (Triton >= 3.4) to ``log``; False where this Triton has none. The
+    rooms' INFO lines (``KERNELS_LOGGER``) go to ``log`` as well."""
+    install_kernel_log(log)
     try:
         from triton import knobs
     except ImportError:
@@ -33,6 +39,26 @@ def install(log: Callable[[str], None]) -> bool:
     compilation.listener = listener
     _install_autotuning(knobs, log)
     return True
+
+
+class _Forward(logging.Handler):
+    """Hands each log record's message to a worker's ``log``."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.log(record.getMessage())
+
+
+def install_kernel_log(log: Callable[[str], None]) -> None:
+    """Send the rooms' INFO lines to ``log`` (once: a second call replaces the first handler)."""
+    logger = logging.getLogger(KERNELS_LOGGER)
+    for handler in [h for h in logger.handlers if isinstance(h, _Forward)]:
+        logger.removeHandler(handler)
+    logger.addHandler(_Forward(log))
+    logger.setLevel(logging.INFO)
 
 
 def _install_autotuning(knobs: Any, log: Callable[[str], None]) -> None:
