@@ -27,6 +27,7 @@ kernels correct under the Triton CPU interpreter, whose bf16 arithmetic is unrel
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from microscope.api import interpreting
 
 #: Rows longer than this would not fit one program's registers (the tile holds the whole row).
 MAX_COLS = 65536
+#: The forward plan each shape class keeps, with every plan's time (a worker's log shows it).
+_LOG = logging.getLogger(__name__)
 
 # GeLU, tanh form: gelu(y) = y * sigmoid(2u) with u = sqrt(2/pi) * (y + 0.044715 y^3), because
 # 0.5 * (1 + tanh(u)) == sigmoid(2u). With exp2 the whole exponent is y * (A + B * y^2):
@@ -371,6 +374,8 @@ def _tuned_plan(key: tuple, plans: Sequence[ForwardPlan], launch: Callable[[Forw
             times = {plan: triton.testing.do_bench(functools.partial(launch, plan), warmup=10, rep=40)
                      for plan in plans}
             _FWD_PLANS[key] = min(times, key=times.get)
+            timed = ", ".join(f"{plan} {ms * 1000:.1f} us" for plan, ms in times.items())
+            _LOG.info(f"fused_layernorm_gelu forward {key}: plan {_FWD_PLANS[key]} ({timed})")
     return _FWD_PLANS[key]
 
 
