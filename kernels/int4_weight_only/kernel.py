@@ -16,14 +16,16 @@ decided by timing both whole calls once.
 
 One- to four-row calls in bf16/fp16 have a third path that uses no tensor cores: each program takes one
 row of x and a tile of output channels, reads the weight as int32 words of eight values, multiplies each
-value with x's matching column, sums each group's products, and applies the group's scale and zero point
-once per group, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit.
+value with x's matching column, sums each word's eight products, and applies the group's scale and zero point
+once per word, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit. Each
+thread keeps one float32 sum per word it holds, and these are added up once, after the last tile: summing
+across a group's words in every tile took one cross-lane shuffle per two words.
 
 Both kernels turn 4-bit values into floats with integer operations, not with int-to-float conversions: those
 run at a quarter of the FP32 rate on Hopper and, one per weight, cost a decode call more time than reading the
 weight. The GEMM makes q itself (``_nibble_floats``, one add more). The vector kernel, whose instructions take
 longer to issue than its bytes take to read, makes 1 + q / 16 (``_nibble_sixteenths``, a shift and an AND-OR)
-and takes the ones back out with the group's sum of x, which it needs for the zero point anyway.
+and takes the ones back out with the word's sum of x, which it needs for the zero point anyway.
 
 Prefill shapes (many rows) are compute-bound, where dequantizing inside the GEMM's inner loop costs the
 tensor cores their pace: there the fused GEMM is timed against a second path, a Triton kernel that
@@ -117,9 +119,11 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
 def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_wn, stride_cm, M_BUCKET,
                         GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr):
-    """C[m] = dequant(W) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, groups factored
-    out. The packed weight is read as int32 words of eight values (``W32``, column ``8 w + j`` at bits
-    ``4 j``), loaded as (channels, groups, words of a group) and unpacked by ``_nibble_sixteenths``."""
+    """C[m] = dequant(W) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, scale and zero
+    point applied per word. The packed weight is read as int32 words of eight values (``W32``, column
+    ``8 w + j`` at bits ``4 j``), loaded as (channels, groups, words of a group) and unpacked by
+    ``_nibble_sixteenths``; the scaled sums stay per (channel, group, word) until the loop ends, so no tile
+    reduces across lanes."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = BLOCK_K // GROUP
     WG: tl.constexpr = GROUP // 8
@@ -132,7 +136,7 @@ def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, s
     per_split = tl.cdiv(tiles, SPLIT_K)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, tiles)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, G, WG), dtype=tl.float32)
     for t in range(first, last):
         g = t * G + rg
         word = g[:, None] * WG + rw[None, :]  # (G, WG): the tile's words in a row
@@ -148,12 +152,14 @@ def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, s
         part += _nibble_sixteenths(words, 20) * x5[None, :, :]
         part += _nibble_sixteenths(words, 24) * x6[None, :, :]
         part += _nibble_sixteenths(words, 28) * x7[None, :, :]
-        ones_x = tl.sum(part, axis=2)  # (BLOCK_N, G): sum of (1 + q / 16) x over each group
-        x_sum = tl.sum(tl.sum(x, axis=2), axis=1)  # (G,)
+        x_word = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # (G, WG): each word's sum of x
         scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
         zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
-        # sum of (q - zero) x = 16 * ones_x - (16 + zero) * x_sum
-        acc += tl.sum(scale * (16.0 * ones_x - (16.0 + zero) * x_sum[None, :]), axis=1)
+        # per word: scale * sum((q - zero) x) = 16 scale * part - scale (16 + zero) * x_word
+        a = (16.0 * scale)[:, :, None]
+        b = (scale * (16.0 + zero))[:, :, None]
+        acc += a * part - b * x_word[None, :, :]
+    acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # (BLOCK_N,): across lanes once, after the last tile
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)
