@@ -165,9 +165,14 @@ def test_a_model_level_run_compiles_every_runnable_arms_kernels_for_its_linears_
 
 
 def test_a_plugin_without_model_kernels_compiles_nothing_at_model_level(monkeypatch):
+    import torch
+
+    from microscope.api import ModelShapes
     from microscope.precompile import defines_precompile_model, precompile_model
+    from microscope.workloads import ModelConfig
 
     monkeypatch.setenv(WORKERS_ENV, "2")
     plain = registry.get("toy_gelu", ["tests/plugins/toy.py"])
     assert not defines_precompile_model(plain)
-    assert precompile_model(plain, [], "cuda") is None
+    shapes = ModelShapes(ModelConfig(), torch.float32, ((128, 128, False),), (4,), trains=True)
+    assert precompile_model(plain, [("base", shapes)], "cuda") is None  # no process started for it
