@@ -347,13 +347,22 @@ class ModelShapes:
     the dtype its layers see (the recipe's autocast, else float32), every distinct ``nn.Linear`` of the model
     as built (before the arm's patch) as (out_features, in_features, has_bias), whether the arm trains, and
     the row counts (tokens per call) of its calls: training batches (an arm that trains), evaluation and
-    prefill batches, and decode steps (one token per sequence). A last evaluation batch may hold fewer rows."""
+    prefill batches, and decode steps (one token per sequence). A last evaluation batch may hold fewer rows.
+    ``check_rows`` are the rows of the causality check on the patched model, which runs in float32 whatever
+    the recipe; ``calls()`` lists every (rows, dtype) pair a kernel of the arm sees."""
 
     model: ModelConfig
     dtype: torch.dtype
     linears: tuple[tuple[int, int, bool], ...]
     rows: tuple[int, ...]
     trains: bool
+    check_rows: tuple[int, ...] = ()
+
+    def calls(self) -> tuple[tuple[int, torch.dtype], ...]:
+        """Every (rows, dtype) pair the arm's layers are called with: the run's rows in ``dtype``, the check's
+        in float32."""
+        pairs = [(m, self.dtype) for m in self.rows] + [(m, torch.float32) for m in self.check_rows]
+        return tuple(dict.fromkeys(pairs))
 
 
 @dataclass(frozen=True)

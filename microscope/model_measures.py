@@ -46,11 +46,16 @@ from microscope.workloads import (
 )
 from microscope.workloads.memory import PeakReading
 
-__all__ = ["LEAK_TOLERANCE", "RECALL_EXAMPLES", "Measurement", "stage_metrics"]
+__all__ = ["LEAK_NOISE_FACTOR", "LEAK_SEQ_LEN", "LEAK_TOLERANCE", "RECALL_EXAMPLES", "Measurement", "stage_metrics"]
 
 #: Largest change of earlier logits, when only later tokens change, that still counts as causal.
 #: A causal model gives exactly 0 (the earlier positions never read the later tokens).
 LEAK_TOLERANCE = 1e-6
+#: A model whose repeated forward of the same tokens drifts (atomic split-K sums) may change its earlier logits by
+#: this many times that drift before the change counts as a leak; a real leak moves them by orders more.
+LEAK_NOISE_FACTOR = 4.0
+#: Tokens per sequence of the check (at most the model's context); it runs in float32, without autocast.
+LEAK_SEQ_LEN = 32
 #: Fresh recall sequences scored per context length (chance accuracy is 10%).
 RECALL_EXAMPLES = 256
 

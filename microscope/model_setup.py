@@ -21,8 +21,10 @@ from torch import nn
 
 from microscope.api import Arm, ModelShapes
 from microscope.config import WorkloadConfig
+from microscope.model_measures import LEAK_SEQ_LEN
 from microscope.seeding import derive_seed
 from microscope.workloads import (
+    PROBE_BATCH,
     AssociativeRecall,
     Corpus,
     ModelConfig,
@@ -100,7 +102,9 @@ def model_shapes(workload: WorkloadConfig, arm: Arm) -> ModelShapes:
     if not arm.inference_only:
         rows.add(setup.recipe.batch_size * setup.context)
     dtype = PRECISIONS[setup.recipe.precision] or torch.float32
-    return ModelShapes(setup.model, dtype, linears, tuple(sorted(rows)), trains=not arm.inference_only)
+    check_rows = (PROBE_BATCH * min(LEAK_SEQ_LEN, setup.context),)
+    return ModelShapes(setup.model, dtype, linears, tuple(sorted(rows)), trains=not arm.inference_only,
+                       check_rows=check_rows)
 
 
 @dataclass(frozen=True)

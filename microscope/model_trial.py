@@ -24,6 +24,8 @@ import torch
 from microscope.api import CALIBRATION_BATCHES, Arm, Role
 from microscope.config import WorkloadConfig
 from microscope.model_measures import (
+    LEAK_NOISE_FACTOR,
+    LEAK_SEQ_LEN,
     LEAK_TOLERANCE,
     Measurement,
     first_nonfinite,
@@ -48,6 +50,7 @@ from microscope.workloads import (
     eval_windows,
     evaluate_suite,
     future_leak,
+    repeat_noise,
     train,
 )
 from microscope.workloads.train import Distillation
@@ -160,14 +163,17 @@ class Trial:
         if self.arm.patch is not None:
             self.arm.patch(model)
         self.model = model
-        seq = min(32, setup.context)
+        seq = min(LEAK_SEQ_LEN, setup.context)
         leak = future_leak(model, seq_len=seq, seed=self.seeds.eval)
-        ok = leak <= LEAK_TOLERANCE
+        noise = repeat_noise(model, seq_len=seq, seed=self.seeds.eval) if leak > LEAK_TOLERANCE else 0.0
+        allowed = LEAK_TOLERANCE + LEAK_NOISE_FACTOR * noise
+        ok = leak <= allowed
         reason = None if ok else (
             f"attention sees future tokens: earlier logits change by up to {leak:.3g} when only later tokens "
-            "change; this arm's losses are not valid")
+            f"change ({noise:.3g} when nothing changes); this arm's losses are not valid")
         return [Measurement("accuracy", "future_leak", leak, "max |d logit|", passed=ok, reason=reason,
-                            details={"seq_len": seq, "tolerance": LEAK_TOLERANCE,
+                            details={"seq_len": seq, "tolerance": LEAK_TOLERANCE, "repeat_noise": noise,
+                                     "allowed": allowed, "noise_factor": LEAK_NOISE_FACTOR,
                                      "definition": "workloads.checks.future_leak on the patched, untrained model"})]
 
     def _batches(self):  # noqa: ANN202 - workloads.train.Batches

@@ -124,7 +124,8 @@ class ModelProbe(Ablation):
         if arm == "broken":
             raise ValueError("no kernel for this arm")
         seen = {"linears": [list(s) for s in shapes.linears], "rows": list(shapes.rows),
-                "dtype": str(shapes.dtype), "trains": shapes.trains, "context": shapes.model.context}
+                "dtype": str(shapes.dtype), "trains": shapes.trains, "context": shapes.model.context,
+                "calls": [[m, str(dtype)] for m, dtype in shapes.calls()]}
         name = f"{arm}-shard{shard[0]}of{shard[1]}-{device}.json"
         (Path(os.environ["PROBE_DIR"]) / name).write_text(json.dumps(seen))
 '''
@@ -162,6 +163,8 @@ def test_a_model_level_run_compiles_every_runnable_arms_kernels_for_its_linears_
     assert base["dtype"] == "torch.bfloat16" and base["context"] == 16
     assert base["rows"] == [3, 3 * 8, 3 * 16, 4 * 16] and base["trains"]  # decode, decode prompt, eval, train
     assert quantized["rows"] == [3, 3 * 8, 3 * 16] and not quantized["trains"]
+    # the causality check runs 2 sequences of min(32, context) tokens in float32, before any bf16 call
+    assert quantized["calls"] == [[m, "torch.bfloat16"] for m in quantized["rows"]] + [[2 * 16, "torch.float32"]]
 
 
 def test_a_plugin_without_model_kernels_compiles_nothing_at_model_level(monkeypatch):

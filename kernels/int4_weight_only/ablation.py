@@ -153,8 +153,8 @@ class Int4WeightOnly(Ablation):
         """This shard of the candidates of every Linear of a 4-bit arm's model, at each row count it runs."""
         if device == "cuda" and arm in ARM_GROUPS:
             for n, k, has_bias in shapes.linears:
-                for m in shapes.rows:
-                    compile_candidates(m, n, k, ARM_GROUPS[arm], shapes.dtype, has_bias, shard)
+                for m, dtype in shapes.calls():
+                    compile_candidates(m, n, k, ARM_GROUPS[arm], dtype, has_bias, shard)
 
     def reference(self, inputs: Mapping[str, object]) -> torch.Tensor:
         """The Linear on the unquantized weight (float64 here): what every variant approximates."""

@@ -30,7 +30,7 @@ from microscope.workloads.attention import (
     eager_attention,
 )
 from microscope.workloads.batching import WindowSampler, eval_windows
-from microscope.workloads.checks import future_leak
+from microscope.workloads.checks import PROBE_BATCH, future_leak, repeat_noise
 from microscope.workloads.corpus import Corpus, CorpusSpec, load_corpus
 from microscope.workloads.evaluate import EvalResult, evaluate, evaluate_suite
 from microscope.workloads.generate import CachedScore, generate_greedy, score_through_cache
@@ -60,6 +60,7 @@ from microscope.workloads.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, ByteTokeni
 from microscope.workloads.train import StepMetrics, Trainer, TrainRecipe, TrainResult, lm_loss, lr_at, train
 
 __all__ = [
+    "PROBE_BATCH",
     "BOS",
     "EOS",
     "MLP",
@@ -112,6 +113,7 @@ __all__ = [
     "peak_memory_train_step",
     "prefill_throughput",
     "recall_accuracy",
+    "repeat_noise",
     "score_through_cache",
     "train",
 ]

@@ -10,7 +10,7 @@ import torch
 
 from microscope.workloads.attention import eager_attention
 from microscope.workloads.batching import WindowSampler
-from microscope.workloads.checks import future_leak
+from microscope.workloads.checks import future_leak, repeat_noise
 from microscope.workloads.evaluate import evaluate
 from microscope.workloads.model import ModelConfig, build_model
 from microscope.workloads.train import TrainRecipe, train
@@ -26,6 +26,34 @@ def test_future_leak_probe_flags_the_broken_patch():
     assert future_leak(model) == 0.0
     model.set_attention(leaky_attention)
     assert future_leak(model) > 1e-3
+
+
+class DriftingAttention:
+    """Causal attention whose output drifts by a few float32 units on every call, as atomic split-K sums do."""
+
+    def __init__(self, causal: bool = True) -> None:
+        self.causal = causal
+        self.gen = torch.Generator().manual_seed(7)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        o = eager_attention(q, k, v, causal=causal and self.causal)
+        return o * (1 + 4e-7 * torch.randn(o.shape, generator=self.gen))
+
+
+def test_repeat_noise_is_zero_for_deterministic_models_and_measures_drift():
+    model = build_model(ModelConfig(n_layers=2, d_model=64, n_heads=4), 0)
+    assert repeat_noise(model) == 0.0
+    model.set_attention(DriftingAttention())
+    drift = repeat_noise(model)
+    assert 0.0 < drift < 1e-4
+    # a drifting but causal model changes its earlier logits by about its drift, not by a leak's amount
+    assert 0.0 < future_leak(model) < 4 * drift
+
+
+def test_a_drifting_model_that_leaks_is_still_flagged():
+    model = build_model(ModelConfig(n_layers=2, d_model=64, n_heads=4), 0)
+    model.set_attention(DriftingAttention(causal=False))
+    assert future_leak(model) > 1000 * repeat_noise(model)
 
 
 def test_leaky_attention_gives_an_implausibly_low_validation_loss(corpus):
