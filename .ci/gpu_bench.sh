@@ -28,14 +28,14 @@ summary=()
 step() {  # step NAME MAX_SECONDS COMMAND...
   local name=$1 max=$2
   shift 2
-  local left=$((DEADLINE - SECONDS - 15))
+  local left=$((DEADLINE - SECONDS - 25))
   if [ "$left" -lt 30 ]; then
     summary+=("$(printf '%-22s skipped (out of time)' "$name")")
     return
   fi
   [ "$max" -gt "$left" ] && max=$left
   local start=$SECONDS
-  timeout -k 5 "$max" "$@" >"$WORK/$name.txt" 2>&1
+  timeout -k 20 "$max" "$@" >"$WORK/$name.txt" 2>&1
   local rc=$?
   local how="exit $rc"
   [ "$rc" = 124 ] && how="TIMED OUT at $max s"
