@@ -168,6 +168,9 @@ class WorkloadConfig:
     eval_tokens: int | None = None  # predicted tokens per evaluation split (default: the profile's)
     eval_batch_size: int | None = None  # rows per evaluation batch and of the inference prompt (default: profile's)
     decode_tokens: int = 16  # greedy decode steps timed through the KV cache
+    # generalization: also evaluated at these multiples of the training context ([] where eager attention at
+    # 4x would not fit, e.g. a 16k-token context)
+    longer_contexts: tuple[Literal[2, 4], ...] = (2, 4)
     margin: float = 0.0  # non-inferiority margin of the validation loss, in nats
     ranks: int | None = None  # processes for every arm the plugin runs on several (2 or 4 GPUs; default: its own)
     model: Mapping[str, Any] = field(default_factory=dict)

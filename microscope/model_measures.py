@@ -46,7 +46,8 @@ from microscope.workloads import (
 )
 from microscope.workloads.memory import PeakReading
 
-__all__ = ["LEAK_NOISE_FACTOR", "LEAK_SEQ_LEN", "LEAK_TOLERANCE", "RECALL_EXAMPLES", "Measurement", "stage_metrics"]
+__all__ = ["LEAK_NOISE_FACTOR", "LEAK_SEQ_LEN", "LEAK_TOLERANCE", "LONGER_CONTEXTS", "RECALL_EXAMPLES", "Measurement",
+           "stage_metrics"]
 
 #: Largest change of earlier logits, when only later tokens change, that still counts as causal.
 #: A causal model gives exactly 0 (the earlier positions never read the later tokens).
@@ -56,6 +57,8 @@ LEAK_TOLERANCE = 1e-6
 LEAK_NOISE_FACTOR = 4.0
 #: Tokens per sequence of the check (at most the model's context); it runs in float32, without autocast.
 LEAK_SEQ_LEN = 32
+#: Multiples of the training context the generalization dimension evaluates at (``workload.longer_contexts``).
+LONGER_CONTEXTS = (2, 4)
 #: Fresh recall sequences scored per context length (chance accuracy is 10%).
 RECALL_EXAMPLES = 256
 
@@ -209,7 +212,8 @@ def _eval_details(result: EvalResult, split: str, tokens: torch.Tensor) -> dict[
 
 def lm_evaluation(evals: dict[str, EvalResult], val: torch.Tensor, ood: torch.Tensor,
                   margin: float) -> list[Measurement]:
-    """Validation loss/perplexity/accuracy (paired per token), and OOD and 2x/4x-context losses."""
+    """Validation loss/perplexity/accuracy (paired per token), OOD loss, and the 2x/4x-context losses that
+    were evaluated."""
     v = evals["val@1x"]
     o = evals["ood@1x"]
     vd = _eval_details(v, "val", val)
@@ -224,8 +228,10 @@ def lm_evaluation(evals: dict[str, EvalResult], val: torch.Tensor, ood: torch.Te
         _m("generalization", "ood_gap", o.loss - v.loss, "nats", _LOWER, ood_loss=o.loss, val_loss=v.loss,
            definition="out-of-domain loss minus in-domain validation loss, both at the training context"),
     ]
-    for mult in (2, 4):
-        r = evals[f"val@{mult}x"]
+    for mult in LONGER_CONTEXTS:
+        r = evals.get(f"val@{mult}x")
+        if r is None:
+            continue
         out.append(_m("generalization", f"val_loss_{mult}x", r.loss, "nats", _LOWER,
                       per_token=r.token_losses.tolist(), multiplier=mult, **_eval_details(r, "val", val)))
     return out
@@ -256,10 +262,10 @@ def recall_scores(model: Transformer, task: AssociativeRecall, context: int, see
 
 
 def recall_evaluation(model: Transformer, task: AssociativeRecall, context: int, seed: int,
-                      margin: float) -> list[Measurement]:
-    """Recall loss/accuracy at the trained context (paired per example) and at 2x/4x context."""
+                      margin: float, longer: tuple[int, ...] = LONGER_CONTEXTS) -> list[Measurement]:
+    """Recall loss/accuracy at the trained context (paired per example) and at the ``longer`` multiples."""
     out = []
-    for mult in (1, 2, 4):
+    for mult in (1, *longer):
         length = context * mult
         losses, correct = recall_scores(model, task, length, seed)
         dim, suffix = ("accuracy", "") if mult == 1 else ("generalization", f"_{mult}x")

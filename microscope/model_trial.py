@@ -27,6 +27,7 @@ from microscope.model_measures import (
     LEAK_NOISE_FACTOR,
     LEAK_SEQ_LEN,
     LEAK_TOLERANCE,
+    LONGER_CONTEXTS,
     Measurement,
     first_nonfinite,
     generation,
@@ -265,14 +266,26 @@ class Trial:
     def _evaluate(self) -> list[Measurement]:
         assert self.setup is not None and self.model is not None
         s, margin = self.setup, self.workload.margin
+        longer = tuple(sorted(set(self.workload.longer_contexts)))
         if self.data.recall is not None:
             with autocast(self.device, s.recipe.precision):
-                return recall_evaluation(self.model, self.data.recall, s.context, self.seeds.eval, margin)
-        corpus = self.data.corpus
-        assert corpus is not None
-        evals = evaluate_suite(self.model, corpus, s.context, s.eval_tokens, batch_size=s.eval_batch_size,
-                               device=self.device, precision=s.recipe.precision)
-        return lm_evaluation(evals, corpus.val, corpus.ood, margin)
+                measured = recall_evaluation(self.model, self.data.recall, s.context, self.seeds.eval, margin,
+                                             longer)
+        else:
+            corpus = self.data.corpus
+            assert corpus is not None
+            evals = evaluate_suite(self.model, corpus, s.context, s.eval_tokens, (1, *longer),
+                                   batch_size=s.eval_batch_size, device=self.device, precision=s.recipe.precision)
+            measured = lm_evaluation(evals, corpus.val, corpus.ood, margin)
+        self._skip_longer(longer)
+        return measured
+
+    def _skip_longer(self, longer: tuple[int, ...]) -> None:
+        """A skipped record for each longer context the config leaves out, so the report says why it is absent."""
+        why = f"not evaluated: workload.longer_contexts is {list(longer)}"
+        for dimension, metric in self.plan["evaluate"]:
+            if any(metric.endswith(f"_{m}x") for m in LONGER_CONTEXTS if m not in longer):
+                self.emit(Measurement(dimension, metric, None, reason=why, details=dict(self.common)), "skipped")
 
     def _prompt(self) -> torch.Tensor:
         """The inference prompt (eval batch x context), the same tokens for every arm of a seed."""

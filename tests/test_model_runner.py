@@ -72,8 +72,9 @@ class ToyModelArms(Ablation):
     }
 
 
-def _run(tmp_path, extra: str = "", name: str = "run", task: str = "lm"):
-    workload = WORKLOAD.replace("seeds: 2", f"seeds: 2\n  task: {task}")
+def _run(tmp_path, extra: str = "", name: str = "run", task: str = "lm", workload_line: str = ""):
+    more = f"\n  {workload_line}" if workload_line else ""
+    workload = WORKLOAD.replace("seeds: 2", f"seeds: 2\n  task: {task}{more}")
     text = f"plugin: toy_model_arms\nlevel: model\nseed: 3\n{workload}{extra}"
     cfg = cfgmod.loads(text, "toy_model.yaml")
     plugin = ToyModelArms()
@@ -224,6 +225,36 @@ def test_recall_task_scores_fresh_sequences_at_1x_2x_and_4x_context(tmp_path):
     table = compare_records(records_frame(result.out_dir))
     row = table[(table.metric == "recall_loss") & (table.candidate == "lower_lr")].iloc[0]
     assert row.n == 2 and "paired per token within each seed" in row.notes
+
+
+def test_longer_contexts_left_out_are_skipped_records_that_say_why(tmp_path):
+    """``workload.longer_contexts: [2]`` evaluates at 1x and 2x only (eager attention at 4x may not fit); the
+    4x metrics are skipped records naming the field, and the 2x losses are the ones of a full run."""
+    quiet = "dimensions: {throughput: {enabled: false}, memory: {enabled: false}}\n"
+    short = _run(tmp_path, "variants: [lower_lr]\n" + quiet, name="short", workload_line="longer_contexts: [2]")
+    full = _run(tmp_path, "variants: [lower_lr]\n" + quiet, name="full")
+    for name in ("base", "lower_lr"):
+        records = [r for r in _by(short, variant=name) if r.dimension == "generalization"]
+        assert len(records) == 2 * 4  # 2 seeds
+        assert {(r.metric, r.status) for r in records} == {("ood_loss", "ok"), ("ood_gap", "ok"),
+                                                           ("val_loss_2x", "ok"), ("val_loss_4x", "skipped")}
+        for r in records:
+            if r.metric == "val_loss_4x":
+                assert r.reason == "not evaluated: workload.longer_contexts is [2]" and r.value is None
+            if r.metric == "val_loss_2x":  # the budget is rounded to the longest evaluated length, 2x not 4x
+                two = _one(full, variant=name, seed=r.seed, metric="val_loss_2x")
+                assert r.details["n_tokens"] >= two.details["n_tokens"]
+    recall = _run(tmp_path, "variants: [lower_lr]\n" + quiet, name="recall", task="recall",
+                  workload_line="longer_contexts: []")
+    statuses = {r.metric: r.status for r in _by(recall, variant="base") if r.dimension == "generalization"}
+    assert set(statuses.values()) == {"skipped"} and set(statuses) == {"recall_loss_2x", "recall_loss_4x",
+                                                                       "recall_acc_2x", "recall_acc_4x"}
+
+
+def test_a_longer_context_other_than_2_or_4_is_a_config_error():
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.loads("plugin: toy_model_arms\nlevel: model\nworkload:\n  longer_contexts: [3]\n", "toy.yaml")
+    assert "toy.yaml:4: workload.longer_contexts[0]: 3 is not one of 2, 4" in str(err.value)
 
 
 def test_model_summary_table_lists_every_arm_with_its_seed_means(toy_run):
