@@ -60,11 +60,11 @@ from microscope.workloads.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, ByteTokeni
 from microscope.workloads.train import StepMetrics, Trainer, TrainRecipe, TrainResult, lm_loss, lr_at, train
 
 __all__ = [
-    "PROBE_BATCH",
     "BOS",
     "EOS",
     "MLP",
     "PAD",
+    "PROBE_BATCH",
     "PROFILES",
     "VOCAB_SIZE",
     "AssociativeRecall",
