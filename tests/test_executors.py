@@ -178,6 +178,46 @@ def test_an_interrupted_model_level_seed_keeps_its_finished_arms_until_a_resume(
     assert resume.dropped_records == len(kept) and not _records(run_dir)  # the seed reruns whole
 
 
+def test_a_cut_groups_records_are_on_disk_before_its_worker_is_killed(tmp_path: Path, monkeypatch) -> None:
+    """A killed CUDA worker can take seconds to go, and a supervisor's SIGKILL (``timeout -k``) may follow the
+    SIGTERM within them: the kept records must already be written when the kill starts."""
+    import threading
+
+    from microscope.executors import local
+
+    (tmp_path / "slow_arm.py").write_text(SLOW_ARM)
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text("plugin: slow_second_arm\nplugins: [slow_arm.py]\nlevel: model\nworkload:\n  seeds: 1\n"
+                   "  steps: 4\n  batch_size: 4\n  eval_tokens: 512\n  decode_tokens: 2\n"
+                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n")
+    flag, out = tmp_path / "stalling", tmp_path / "runs"
+    monkeypatch.setenv("SLOW_ARM_FLAG", str(flag))
+    on_disk_at_kill: list[int] = []
+    real_kill = local.Worker.kill
+
+    def kill(worker: local.Worker) -> None:
+        if worker.attempt is not None and worker.attempt.records:  # the stalled group's worker
+            on_disk_at_kill.append(len(_records(_only_run(out))))
+        real_kill(worker)
+
+    monkeypatch.setattr(local.Worker, "kill", kill)
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 240
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # the baseline arm's last records reach the parent's pipe
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    code = cli.main(["run", str(cfg), "--device", "cpu", "--out", str(out), "--no-progress", "--no-report",
+                     "--executor", "local"])
+    assert code == 130 and flag.exists()
+    kept = _records(_only_run(out))
+    assert kept and {r["variant"] for r in kept} == {"base"}
+    assert on_disk_at_kill == [len(kept)]
+
+
 def test_resume_drops_a_cut_group_and_a_torn_last_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = _toy_config(tmp_path, "[9, 17]")
     assert _run([str(cfg), "--out", str(tmp_path), "--executor", "inline"]) == 0

@@ -198,11 +198,14 @@ class LocalExecutor:
         finished: set[str] = set()
         while queue or busy:
             if driver.should_stop():
-                for worker in busy:  # groups in flight keep what they measured; --resume reruns them whole
-                    records = self._measured(worker)
+                # groups in flight keep what they measured (written before any worker is killed, as a killed
+                # CUDA process may take seconds to go and a supervisor's SIGKILL may come first); --resume
+                # reruns them whole
+                for worker in busy:
+                    driver.keep_cut(worker.attempt.group, self._measured(worker))
+                for worker in busy:
                     worker.kill()
                     worker.conn.close()
-                    driver.keep_cut(worker.attempt.group, records)
                 break
             while queue and len(busy) < self.jobs:
                 attempt = queue.popleft()
