@@ -35,6 +35,7 @@ the faster whole call is kept per shape.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 
@@ -364,7 +365,14 @@ def offered_paths(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | Non
 def _splits(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - an autotuner and its prune rule
     """Whether a split-K path has a candidate for this padded K and group (a K of a few groups leaves every
     split with less than two tiles a program); under the interpreter the fixed split always fits."""
-    return interpreting() or bool(prune(tuner.configs, {"KP": kp}, GROUP=group))
+    return interpreting() or _has_split(tuner, prune, kp, group)
+
+
+@functools.cache
+def _has_split(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - as _splits
+    """``_splits`` on a GPU, kept per shape: pruning the candidate list costs ~10 us of host time, and a decode
+    step calls every Linear of a model."""
+    return bool(prune(tuner.configs, {"KP": kp}, GROUP=group))
 
 
 def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool,
