@@ -146,17 +146,22 @@ class SlowSecondArm(Ablation):
 '''
 
 
+def _slow_arm_run(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A one-seed model-level config of ``SLOW_ARM``, the file its stalling arm touches, and the runs folder."""
+    (tmp_path / "slow_arm.py").write_text(SLOW_ARM)
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text("plugin: slow_second_arm\nplugins: [slow_arm.py]\nlevel: model\nworkload:\n  seeds: 1\n"
+                   "  steps: 4\n  batch_size: 4\n  eval_tokens: 512\n  decode_tokens: 2\n"
+                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n")
+    return cfg, tmp_path / "stalling", tmp_path / "runs"
+
+
 def test_an_interrupted_model_level_seed_keeps_its_finished_arms_until_a_resume(tmp_path: Path) -> None:
     """SIGTERM while a seed's second arm runs: the baseline arm's records are kept and reported (the group has
     no groups.jsonl line), and a resume drops them to rerun the seed whole."""
     from microscope.executors.groups import Resume
 
-    (tmp_path / "slow_arm.py").write_text(SLOW_ARM)
-    cfg = tmp_path / "slow.yaml"
-    cfg.write_text("plugin: slow_second_arm\nplugins: [slow_arm.py]\nlevel: model\nworkload:\n  seeds: 1\n  steps: 4\n"
-                   "  batch_size: 4\n  eval_tokens: 512\n  decode_tokens: 2\n"
-                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n")
-    flag, out = tmp_path / "stalling", tmp_path / "runs"
+    cfg, flag, out = _slow_arm_run(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "microscope.cli", "run", str(cfg), "--device", "cpu", "--out",
                              str(out), "--no-progress", "--no-report", "--executor", "local"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -185,12 +190,7 @@ def test_a_cut_groups_records_are_on_disk_before_its_worker_is_killed(tmp_path: 
 
     from microscope.executors import local
 
-    (tmp_path / "slow_arm.py").write_text(SLOW_ARM)
-    cfg = tmp_path / "slow.yaml"
-    cfg.write_text("plugin: slow_second_arm\nplugins: [slow_arm.py]\nlevel: model\nworkload:\n  seeds: 1\n"
-                   "  steps: 4\n  batch_size: 4\n  eval_tokens: 512\n  decode_tokens: 2\n"
-                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n")
-    flag, out = tmp_path / "stalling", tmp_path / "runs"
+    cfg, flag, out = _slow_arm_run(tmp_path)
     monkeypatch.setenv("SLOW_ARM_FLAG", str(flag))
     on_disk_at_kill: list[int] = []
     real_kill = local.Worker.kill
