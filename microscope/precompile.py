@@ -71,7 +71,7 @@ def precompile(plugin: Ablation, cases: Sequence[Case], device: str, backward: b
     if not cases or workers < 1 or not defines_precompile(plugin):
         return None
     params = [c.params for c in cases]
-    return _in_processes(plugin, workers, _shard, lambda shard: (params, device, shard, backward))
+    return _in_processes(plugin, workers, "case", _shard, lambda shard: (params, device, shard, backward))
 
 
 def precompile_model(plugin: Ablation, arms: Sequence[tuple[str, ModelShapes]], device: str) -> PrecompileReport | None:
@@ -79,17 +79,15 @@ def precompile_model(plugin: Ablation, arms: Sequence[tuple[str, ModelShapes]], 
     workers = worker_count(len(arms))
     if not arms or workers < 1 or not defines_precompile_model(plugin):
         return None
-    report = _in_processes(plugin, workers, _model_shard, lambda shard: (list(arms), device, shard))
-    report.of = "arm"
-    return report
+    return _in_processes(plugin, workers, "arm", _model_shard, lambda shard: (list(arms), device, shard))
 
 
-def _in_processes(plugin: Ablation, workers: int, job: Callable[..., tuple[list[str], float, float]],
+def _in_processes(plugin: Ablation, workers: int, of: str, job: Callable[..., tuple[list[str], float, float]],
                   arguments: Callable[[tuple[int, int]], tuple]) -> PrecompileReport:
     """``job(plugin name, plugin source, *arguments(shard))`` for every shard, each in its own fresh process."""
     start = time.perf_counter()
     source = _plugin_source(plugin)
-    report = PrecompileReport(workers=workers)
+    report = PrecompileReport(workers=workers, of=of)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
     started = time.time()  # wall clock: the processes stamp their own progress with it
     pool = context.Pool(workers)
