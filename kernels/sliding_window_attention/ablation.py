@@ -17,11 +17,13 @@ import functools
 
 import torch
 from microscope_kernels.attention_inputs import ATTENTION_TOLERANCE, gpu_memory_refusal, require_compiled, truth_rows
+from microscope_kernels.flash_attn.kernel import precompile as compile_flash_candidates
 
 from microscope.api import (
     Ablation,
     Arm,
     Case,
+    ModelShapes,
     Role,
     baseline,
     call_as_timed,
@@ -36,7 +38,7 @@ from microscope.api import (
 from .kernel import SUPPORTED_HEAD_DIMS, sliding_window_attention
 from .kernel import precompile as compile_candidates
 from .mask import MaskSpec, block_pairs, count_visible, n_blocks, random_block_pattern
-from .model import use_full_flash_attention, use_window_attention
+from .model import model_attention_calls, use_full_flash_attention, use_window_attention
 from .peers import PEERS, Peer
 from .reference import masked_attention
 
@@ -179,6 +181,26 @@ class SlidingWindowAttention(Ablation):
         after = ((shard[0] - 1) % shard[1], shard[1])  # the candidates start one process on, away from the warm-up
         failed = compile_candidates(case.dtype, case["head_dim"], spec.block, case["random_blocks"] > 0, spec.causal,
                                     device, backward=backward, shard=after)
+        require_compiled(failed)
+
+    def precompile_model(self, arm: str, shapes: ModelShapes, device: str, shard: tuple[int, int]) -> None:
+        """This shard of the Triton kernels arm ``arm`` runs inside the model (the window kernel's candidates,
+        or flash_attn's for ``flash_full``) in every dtype and way the arm calls them: at a 16k context they were
+        46 builds, 87 s, inside the first seed."""
+        if device != "cuda" or shapes.model.head_dim not in SUPPORTED_HEAD_DIMS:
+            return
+        if arm == "flash_full":
+            failed = []
+            for q, k, causal, backward in model_attention_calls(shapes, device):
+                failed += compile_flash_candidates(q, k, causal, backward=backward, shard=shard)
+        elif arm in ("window", "window_last_full"):
+            failed = []
+            for dtype in dict.fromkeys(dtype for _, dtype in shapes.calls()):
+                backward = shapes.trains and dtype == shapes.dtype  # the float32 check runs forward only
+                failed += compile_candidates(dtype, shapes.model.head_dim, MaskSpec(1, True).block, False, True,
+                                             device, backward=backward, shard=shard)
+        else:
+            return
         require_compiled(failed)
 
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64

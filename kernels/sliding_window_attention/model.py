@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 from microscope_kernels.flash_attn.kernel import flash_attention
 
-from microscope.api import Transformer
+from microscope.api import ModelShapes, Transformer
 
 from .kernel import SUPPORTED_HEAD_DIMS, sliding_window_attention
 from .reference import masked_attention
 
-__all__ = ["WindowAttention", "use_full_flash_attention", "use_window_attention", "window_for"]
+__all__ = ["WindowAttention", "model_attention_calls", "use_full_flash_attention", "use_window_attention",
+           "window_for"]
 
 
 def window_for(context: int) -> int:
@@ -69,3 +70,18 @@ def use_full_flash_attention(model: Transformer) -> None:
     """Full causal attention through flash_attn's fused FA2 kernel in every block: the speed and memory of
     full attention without eager's materialized scores, to set the windowed arms against."""
     model.set_attention(flash_attention)
+
+
+def model_attention_calls(shapes: ModelShapes, device: str) -> list[tuple[torch.Tensor, torch.Tensor, bool, bool]]:
+    """(q, k, causal, backward) for each way a model of ``shapes`` calls its attention in the run's dtype, as
+    small zero tensors of the call's lengths (the lengths pick the kernels' masked or unmasked tiles): the
+    context causally (with the backward where the arm trains), the decode prompt (half the context), and one
+    query over a cache of the prompt plus one token."""
+    cfg = shapes.model
+    prompt = max(1, cfg.context // 2)
+
+    def zeros(seq: int) -> torch.Tensor:
+        return torch.zeros((1, cfg.n_heads, seq, cfg.head_dim), device=device, dtype=shapes.dtype)
+
+    return [(zeros(cfg.context), zeros(cfg.context), True, shapes.trains), (zeros(prompt), zeros(prompt), True, False),
+            (zeros(1), zeros(prompt + 1), False, False)]

@@ -34,12 +34,17 @@ from microscope_kernels.sliding_window_attention.mask import (
     tile_classes,
     tile_lists,
 )
-from microscope_kernels.sliding_window_attention.model import WindowAttention, use_window_attention, window_for
+from microscope_kernels.sliding_window_attention.model import (
+    WindowAttention,
+    model_attention_calls,
+    use_window_attention,
+    window_for,
+)
 from microscope_kernels.sliding_window_attention.peers import flex_block_mask, sdpa_masked
 from microscope_kernels.sliding_window_attention.reference import masked_attention
 
-from microscope.api import Case
-from microscope.workloads import EagerAttention, ModelConfig, build_model
+from microscope.api import Case, ModelShapes
+from microscope.workloads import EagerAttention, ModelConfig, build_model, generate_greedy
 
 
 def _problem(seed: int, sq: int, sk: int, head_dim: int, dtype: torch.dtype, window: int, globals: int,
@@ -362,6 +367,27 @@ def test_window_arms_swap_every_block_or_all_but_the_last():
     assert kinds == [WindowAttention, WindowAttention, EagerAttention]
     with pytest.raises(ValueError, match="head dims"):
         use_window_attention(build_model(ModelConfig(n_layers=1, d_model=96, n_heads=2, context=16)))
+
+
+def test_the_precompiled_attention_calls_are_the_ones_the_model_makes(seed):
+    """``model_attention_calls`` (what ``precompile_model`` compiles for flash_full) lists each kind of call a
+    model makes in training, prefill and decode: its causal flag and its query and key lengths."""
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=2, context=32)
+    model = build_model(cfg)
+    made = set()
+
+    def recording(q, k, v, causal):  # noqa: ANN001, ANN202 - the attn_fn contract
+        made.add((q.shape[2], k.shape[2], causal, q.shape[1], q.shape[3], torch.is_grad_enabled()))
+        return EagerAttention()(q, k, v, causal)
+
+    model.set_attention(recording)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.context))
+    model(tokens).sum().backward()  # a training step's forward
+    generate_greedy(model, tokens[:, : cfg.context // 2], 2)  # prefill of half the context, then a decode step
+    shapes = ModelShapes(cfg, torch.float32, (), (2 * cfg.context,), trains=True)
+    listed = {(q.shape[2], k.shape[2], causal, q.shape[1], q.shape[3], backward)
+              for q, k, causal, backward in model_attention_calls(shapes, "cpu")}
+    assert made == listed
 
 
 @pytest.mark.parametrize("keep_full_last", [False, True])
