@@ -10,7 +10,7 @@
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (every config with a bench profile), each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
-# whose bench table is the room's figures), runs.tgz (records, comparison, groups, worker logs with the
+# whose bench table is the room's figures), runs.tgz (records, comparison, groups), workers.tgz (worker logs with the
 # start of each phase of each case), summary.txt (last).
 set -u
 OUT=${OUT:-/tmp/microscope-gpu-bench}
@@ -23,19 +23,23 @@ export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-180}
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/microscope-gpu-bench-pycache}
 unset PYTHONDONTWRITEBYTECODE
 DEADLINE=$((SECONDS + ${BUDGET_S:-585}))
+# seconds a step has after its SIGTERM to keep its records and print its verdicts before SIGKILL: a model-level
+# run at the gpu profile took 19-33 s from its runner's end to its exit (statistics over 32k-token arrays,
+# the killed CUDA worker's exit), and 20 s lost a whole seed's console
+KILL_S=${KILL_S:-45}
 summary=()
 
 step() {  # step NAME MAX_SECONDS COMMAND...
   local name=$1 max=$2
   shift 2
-  local left=$((DEADLINE - SECONDS - 25))
+  local left=$((DEADLINE - SECONDS - 25 - KILL_S))
   if [ "$left" -lt 30 ]; then
     summary+=("$(printf '%-22s skipped (out of time)' "$name")")
     return
   fi
   [ "$max" -gt "$left" ] && max=$left
   local start=$SECONDS
-  timeout -k 20 "$max" "$@" >"$WORK/$name.txt" 2>&1
+  timeout -k "$KILL_S" "$max" "$@" >"$WORK/$name.txt" 2>&1
   local rc=$?
   local how="exit $rc"
   [ "$rc" = 124 ] && how="TIMED OUT at $max s"
@@ -83,8 +87,10 @@ for extra in ${EXTRA:-}; do
     "${profiles[@]}" "${sets[@]}" --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
-find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name 'worker-*.log' \) |
-  tar czf "$OUT/runs.tgz" -T -
+# records apart from the worker logs: a model-level run's logs put one archive over the 16 MiB a file may
+# bring back, and the records with it
+find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
+find runs -name 'worker-*.log' | tar czf "$OUT/workers.tgz" -T -
 tar czf "$OUT/consoles.tgz" ./*.txt
 # where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)
 grep -h "leak\|fresh worker" runs/*/workers/worker-*.log runs/*/groups.jsonl 2>/dev/null | cut -c1-600 | head -20

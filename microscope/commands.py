@@ -196,7 +196,8 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
         task = progress.add_task("planning", total=runner.steps())
 
         def advance(message: str) -> None:
-            if message.startswith(("instrument:", "dropped ")) or "group failed" in message or "GPU" in message:
+            if (message.startswith(("instrument:", "dropped ")) or "group failed" in message or "GPU" in message
+                    or "cut short" in message):
                 progress.console.print(Text(message, style="yellow"))
             progress.update(task, description=message[:60])
             if not message.startswith("measuring"):
