@@ -10,11 +10,13 @@
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (every config with a bench profile), each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
-# whose bench table is the room's figures), runs.tgz (records, comparison, groups), workers.tgz (worker logs with the
+# whose bench table is the room's figures), runs.tgz (records, comparison, groups), records.jsonl.gz (the records
+# without per-token arrays), workers.tgz (worker logs with the
 # start of each phase of each case), summary.txt (last).
 set -u
 OUT=${OUT:-/tmp/microscope-gpu-bench}
 WORK=$OUT/work
+REPO=$(pwd)
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-180}
 # one bytecode folder for every step (the machine sets PYTHONDONTWRITEBYTECODE and torch ships no .pyc):
@@ -91,6 +93,8 @@ cd "$WORK" || exit 1
 # bring back, and the records with it
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
 find runs -name 'worker-*.log' | tar czf "$OUT/workers.tgz" -T -
+# and the records without their per-token arrays, which come back where runs.tgz is too large to
+python3 "$REPO/.ci/compact_records.py" runs "$OUT/records.jsonl" && gzip -f "$OUT/records.jsonl"
 tar czf "$OUT/consoles.tgz" ./*.txt
 # where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)
 grep -h "leak\|fresh worker" runs/*/workers/worker-*.log runs/*/groups.jsonl 2>/dev/null | cut -c1-600 | head -20
