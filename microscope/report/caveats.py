@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from microscope.stats.metrics import ONE_TRAINING_RUN
+
 from . import fmt
 from .load import RunData
 
@@ -110,6 +112,12 @@ def caveats(run: RunData) -> list[Caveat]:
         if unreliable:
             out.append(Caveat("warn", f"the statistics engine marked {unreliable} comparison(s) unreliable "
                                       "(see their notes)."))
+    one_run = _decided_on_one_training_run(run.comparison)
+    if len(one_run):
+        arms = ", ".join(sorted(one_run["candidate"].astype(str).unique()))
+        out.append(Caveat("warn", f"{len(one_run)} accuracy verdict(s) ({arms}) rest on one trained model per arm: "
+                                  "the intervals cover evaluation tokens, not the spread between trainings; "
+                                  "workload.seeds >= 3 decides them."))
     failed = rec[rec["status"] == "failed"] if len(rec) else rec
     if len(failed):
         out.append(Caveat("warn", f"{len(failed)} failed trial record(s), by reason:",
@@ -120,3 +128,11 @@ def caveats(run: RunData) -> list[Caveat]:
         out.append(Caveat("info", f"{len(skipped)} skipped trial record(s), by reason:",
                           tuple(_grouped(skipped, "skipped"))))
     return out
+
+
+def _decided_on_one_training_run(table: pd.DataFrame | None) -> pd.DataFrame:
+    """The comparison rows that call an accuracy difference from a single trained model per arm."""
+    if table is None or not len(table):
+        return pd.DataFrame(columns=["candidate"])
+    notes = table["notes"].astype(str)
+    return table[table["verdict"].isin(["better", "worse"]) & notes.str.contains(ONE_TRAINING_RUN, regex=False)]

@@ -4,8 +4,9 @@ and the verdict words every layer shares (the statistics engine, ``compare``, th
 
 from __future__ import annotations
 
-__all__ = ["FIGURES", "INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "SIGNIFICANT_VERDICTS", "SPEED_ONLY",
-           "VS_BASELINE", "VS_BEST_PEER", "VS_CONTRAST", "higher_is_better", "memory_verdict", "metric_kind"]
+__all__ = ["FIGURES", "INTERPRETER_TIMING", "MEMORY_BAND", "NOT_JUDGED", "ONE_TRAINING_RUN", "SIGNIFICANT_VERDICTS",
+           "SPEED_ONLY", "VS_BASELINE", "VS_BEST_PEER", "VS_CONTRAST", "higher_is_better", "memory_verdict",
+           "metric_kind"]
 
 #: Relative peak-memory difference below which two peaks are "same": a CUDA allocator peak moves by a
 #: few blocks with the allocator's history.
@@ -25,6 +26,9 @@ FIGURES = "figures"
 #: The memory a variant's forward keeps for its backward (the runner's saved-bytes record).
 SAVED_BYTES = "saved_bytes"
 INTERPRETER_MEMORY = "not gated: run by the Triton interpreter, whose memory use is not the compiled kernel's"
+#: The note of a model-accuracy row whose arms each trained one model (one seed): its interval covers the
+#: evaluation tokens alone (the reports' caveats warn wherever such a row calls a difference).
+ONE_TRAINING_RUN = "one training run per arm: the CI covers evaluation noise, not training noise"
 
 _LOWER_HINTS = (
     "loss",

@@ -69,6 +69,7 @@ from .metrics import (
     INTERPRETER_TIMING,
     MEMORY_BAND,
     NOT_JUDGED,
+    ONE_TRAINING_RUN,
     SAVED_BYTES,
     SIGNIFICANT_VERDICTS,
     VS_BASELINE,
@@ -136,6 +137,7 @@ class _Row:
         d = {c: getattr(self, c) for c in TABLE_COLUMNS}
         d["notes"] = "; ".join(n for n in self.notes if n)
         return d
+
 
 
 def _missing(v: Any) -> bool:
@@ -400,7 +402,7 @@ def _paired_model_accuracy(row: _Row, cand: pd.DataFrame, b: list[np.ndarray], c
     shared = bool(_first_detail([cand], "shares_baseline_weights"))
     if shared or len(b) == 1:
         if not shared:
-            row.notes.append("one training run per arm: the CI covers evaluation noise, not training noise")
+            row.notes.append(ONE_TRAINING_RUN)
         return compare_paired_accuracy(np.concatenate(b), np.concatenate(c), **kw)
     row.notes.append(f"paired per token within each seed, then across {len(b)} seeds (the training run is the unit)")
     return compare_seed_accuracy([x.mean() for x in b], [y.mean() for y in c], method="paired", **kw)
