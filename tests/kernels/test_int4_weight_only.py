@@ -352,3 +352,24 @@ def test_every_4bit_arm_names_the_group_its_model_level_kernels_are_compiled_for
     would compile nothing and tune every Linear shape inside its first seed."""
     quantized = {name for name, arm in Int4WeightOnly.arms.items() if arm.role is not Role.BASELINE}
     assert set(ARM_GROUPS) == quantized and set(ARM_GROUPS.values()) <= set(GROUPS)
+
+
+def test_the_model_decode_profile_times_the_gpu_models_own_linears():
+    """``--profile model_decode`` stands for the gpu-profile model's decode step: its cases are that model's
+    Linear shapes at its decode rows (the eval batch), so a change of the model changes them too."""
+    from pathlib import Path
+
+    from microscope.commands import load_checked
+    from microscope.runner import plan_cases
+    from microscope.workloads import Transformer, get_profile
+
+    config, plugin = load_checked(Path(__file__).resolve().parents[2] / "ablations" / "int4_weight_only.yaml",
+                                  "cuda", False, overrides={"profile": "model_decode"})
+    gpu = get_profile("gpu")
+    with torch.device("meta"):
+        model = Transformer(gpu.model)
+    linears = {(m.out_features, m.in_features) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    cases = plan_cases(plugin, config)
+    assert {c["m"] for c in cases} == {gpu.eval_batch_size}
+    assert {(c["n"], c["k"]) for c in cases} == linears
+
