@@ -1,6 +1,6 @@
 """The records of every run under a folder, with their per-token arrays elided, as one JSON Lines file.
 
-A model-level run's records carry per-token losses (32k values a metric at the gpu profile), which put its
+A model-level run's records carry per-token losses (up to 262k values a metric at the gpu profile), which put its
 archive over what a device call may bring back; the elided copy keeps every value, unit and interval.
 Usage: python3 .ci/compact_records.py RUNS_DIR OUT.jsonl
 """

@@ -26,8 +26,8 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/microscope-gpu-bench-pyca
 unset PYTHONDONTWRITEBYTECODE
 DEADLINE=$((SECONDS + ${BUDGET_S:-585}))
 # seconds a step has after its SIGTERM to keep its records and print its verdicts before SIGKILL: a model-level
-# run at the gpu profile took 19-33 s from its runner's end to its exit (statistics over 32k-token arrays,
-# the killed CUDA worker's exit), and 20 s lost a whole seed's console
+# run at the gpu profile took 19-33 s from its runner's end to its exit (statistics over per-token arrays of
+# the whole evaluation, the killed CUDA worker's exit), and 20 s lost a whole seed's console
 KILL_S=${KILL_S:-45}
 summary=()
 
@@ -93,7 +93,7 @@ cd "$WORK" || exit 1
 # bring back, and the records with it
 find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
 find runs -name 'worker-*.log' | tar czf "$OUT/workers.tgz" -T -
-# and the records without their per-token arrays, which come back where runs.tgz is too large to
+# and the records without their per-token arrays: they come back where runs.tgz is too large to
 python3 "$REPO/.ci/compact_records.py" runs "$OUT/records.jsonl" && gzip -f "$OUT/records.jsonl"
 tar czf "$OUT/consoles.tgz" ./*.txt
 # where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)

@@ -139,7 +139,6 @@ class _Row:
         return d
 
 
-
 def _missing(v: Any) -> bool:
     if v is None:
         return True

@@ -372,4 +372,3 @@ def test_the_model_decode_profile_times_the_gpu_models_own_linears():
     cases = plan_cases(plugin, config)
     assert {c["m"] for c in cases} == {gpu.eval_batch_size}
     assert {(c["n"], c["k"]) for c in cases} == linears
-
