@@ -189,19 +189,16 @@ class SlidingWindowAttention(Ablation):
         46 builds, 87 s, inside the first seed."""
         if device != "cuda" or shapes.model.head_dim not in SUPPORTED_HEAD_DIMS:
             return
+        failed = []
         if arm == "flash_full":
-            failed = []
             for q, k, causal, backward in model_attention_calls(shapes, device):
                 failed += compile_flash_candidates(q, k, causal, backward=backward, shard=shard)
         elif arm in ("window", "window_last_full"):
-            failed = []
             for dtype in dict.fromkeys(dtype for _, dtype in shapes.calls()):
                 backward = shapes.trains and dtype == shapes.dtype  # the float32 check runs forward only
                 block = MaskSpec(window=1, causal=True).block  # the model's window has no random blocks
                 failed += compile_candidates(dtype, shapes.model.head_dim, block, False, True, device,
                                              backward=backward, shard=shard)
-        else:
-            return
         require_compiled(failed)
 
     def reference(self, inputs) -> torch.Tensor:  # noqa: ANN001 - the inputs mapping, in float64
