@@ -79,7 +79,9 @@ class DirectLauncher:
     """``launcher(grid, *args, **constexprs)`` behaves as ``fn[grid](*args, **constexprs)`` for a
     ``triton.jit`` function or an autotuner over one; after the first call per specialization it
     launches the compiled kernel directly. Keeps the ``max_entries`` most recent specializations.
-    Runtime arguments go positionally, constexprs by keyword (the order Triton kernels declare them)."""
+    Runtime arguments go positionally, constexprs by keyword (the order Triton kernels declare them).
+    ``grid`` is a tuple, or (as in Triton) a callable of the launch's arguments by name, the autotuner's
+    chosen config included: an autotuned tile size sets the number of programs."""
 
     def __init__(self, fn: JITFunction | Autotuner, max_entries: int = 64) -> None:
         self.fn = fn
@@ -101,7 +103,8 @@ class DirectLauncher:
         spec = tuple(map(specialization, args, self._exact))
         return device, spec, tuple(constexprs.items())
 
-    def __call__(self, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None:
+    def __call__(self, grid: tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]], *args: Any,
+                 **constexprs: Any) -> None:
         hooks = triton.knobs.runtime
         if not (ENABLED and self._direct) or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             self.last = (self.fn[grid](*args, **constexprs), False)
@@ -115,6 +118,8 @@ class DirectLauncher:
         full = (*args, *entry.tail)
         if entry.pre_hook is not None:  # e.g. an autotuner config that sets the descriptors' block shape
             entry.pre_hook(dict(zip(self.arg_names, full)))
+        if callable(grid):
+            grid = grid(dict(zip(self.arg_names, full)))
         driver = triton.runtime.driver.active
         stream = driver.get_current_stream(key[0])
         compiled = entry.compiled
@@ -123,7 +128,7 @@ class DirectLauncher:
                      *full)
         self.last = (compiled, True)
 
-    def _first_launch(self, key: Hashable, grid: tuple[int, ...], args: Sequence[Any],
+    def _first_launch(self, key: Hashable, grid: Any, args: Sequence[Any],
                       constexprs: dict[str, Any]) -> None:
         compiled = self.fn[grid](*args, **constexprs)
         self.last = (compiled, False)

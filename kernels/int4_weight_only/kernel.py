@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
+from microscope_kernels.direct_launch import DirectLauncher
 from microscope_kernels.fp32_dot import mma
 
 from microscope.api import interpreting
@@ -246,7 +247,7 @@ def dequantize_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
     if weight.n and weight.k:
         args, consts, grid = _dequant_args(weight.packed, weight.scale, weight.zero, out, weight.n, weight.k,
                                            weight.group)
-        _int4_dequant_kernel[grid](*args, **consts, num_warps=4)
+        _LAUNCH_DEQUANT(grid, *args, **consts, num_warps=4)
     return out
 
 
@@ -316,50 +317,16 @@ _VECTOR_DIRECT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLI
 _VECTOR_SPLIT = triton.autotune([c for c in _vector_configs() if c.kwargs["SPLIT_K"] > 1], key=_KEY,
                                 reset_to_zero=["C"], do_bench=bench_candidate,
                                 prune_configs_by={"early_config_prune": _prune_vector})(_int4_vector_kernel)
+#: Launches skip Triton's per-call dispatch after the first call per specialization (direct_launch.py): a
+#: decode step calls every Linear of a model, each a few microseconds of GPU time at the embedded model's size.
+_LAUNCH = {tuner: DirectLauncher(tuner) for tuner in (_DECODE_DIRECT, _DECODE_SPLIT, _PREFILL, _VECTOR_DIRECT,
+                                                      _VECTOR_SPLIT)}
+_LAUNCH_DEQUANT = DirectLauncher(_int4_dequant_kernel)
 #: (rows bucket, N, K, group, dtype, bias) -> the path whose whole call was the faster on this GPU.
 _FASTEST: dict[tuple, str] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
 #: down, a split of K so the split path is exercised on CPU too.
 _INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
-
-
-def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + bias`` with W stored as group-wise 4-bit values (``reference.quantize_int4``); x's dtype
-    out, x of shape (..., K)."""
-    if x.shape[-1] != weight.k:
-        raise ValueError(f"x has {x.shape[-1]} features, the weight {weight.k}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, weight.k).contiguous()
-    m, n = x2.shape[0], weight.n
-    if m == 0 or n == 0:
-        return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    paths = offered_paths(x2, weight, bias)
-    key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
-    if interpreting():  # not timed under the interpreter: the first path unless set
-        path = _FASTEST.get(key, next(iter(paths)))
-    else:
-        path = _fastest(key, paths)
-    return paths[path]().reshape(*lead, n)
-
-
-def offered_paths(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> dict:
-    """Name -> a call computing ``x2 @ W^T + bias`` (x2 of shape (M, K)), for every path ``int4_linear`` may
-    take at this shape: the fused GEMM and dequantize-then-matmul for prefill; for decode the direct GEMM, its
-    split-K form where the autotuner has a candidate, and the vector kernel (with its split) for up to
-    ``VECTOR_ROWS`` bf16/fp16 rows."""
-    m = x2.shape[0]
-    if m > DECODE_ROWS:
-        return {"fused": lambda: _gemm(x2, weight, bias, vector=False, split=False),
-                "dequant": lambda: torch.nn.functional.linear(x2, dequantize_triton(weight, x2.dtype), bias)}
-    kp = weight.packed.shape[1] * 2
-    paths = {"direct": lambda: _gemm(x2, weight, bias, vector=False, split=False)}
-    if _splits(_DECODE_SPLIT, _prune, kp, weight.group):
-        paths = {"split": lambda: _gemm(x2, weight, bias, vector=False, split=True), **paths}
-    if m <= VECTOR_ROWS and x2.dtype != torch.float32:  # float32 keeps the reference's per-element weight
-        paths["vector"] = lambda: _gemm(x2, weight, bias, vector=True, split=False)
-        if _splits(_VECTOR_SPLIT, _prune_vector, kp, weight.group):
-            paths["vector_split"] = lambda: _gemm(x2, weight, bias, vector=True, split=True)
-    return paths
 
 
 def _splits(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - an autotuner and its prune rule
@@ -408,11 +375,11 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
             return rows, triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
 
         if vector:
-            (_VECTOR_SPLIT if split else _VECTOR_DIRECT)[grid](*args, **flags)
+            _LAUNCH[_VECTOR_SPLIT if split else _VECTOR_DIRECT](grid, *args, **flags)
         elif m <= DECODE_ROWS:
-            (_DECODE_SPLIT if split else _DECODE_DIRECT)[grid](*args, **flags, INTERPRET=False)
+            _LAUNCH[_DECODE_SPLIT if split else _DECODE_DIRECT](grid, *args, **flags, INTERPRET=False)
         else:
-            _PREFILL[grid](*args, **flags, INTERPRET=False)
+            _LAUNCH[_PREFILL](grid, *args, **flags, INTERPRET=False)
     return out.to(x2.dtype)
 
 
@@ -434,6 +401,59 @@ def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call r
         timed = ", ".join(f"{name} {ms * 1000:.1f} us" for name, ms in times.items())
         _LOG.info(f"int4_linear {key}: the {_FASTEST[key]} path ({timed})")
     return _FASTEST[key]
+
+
+def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T + bias`` with W stored as group-wise 4-bit values (``reference.quantize_int4``); x's dtype
+    out, x of shape (..., K)."""
+    if x.shape[-1] != weight.k:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight {weight.k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, weight.k).contiguous()
+    m, n = x2.shape[0], weight.n
+    if m == 0 or n == 0:
+        return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
+    key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
+    path = _FASTEST.get(key)  # once known, only that path is called: a decode step is short on host time
+    if path is None:
+        paths = offered_paths(x2, weight, bias)
+        # not timed under the interpreter: the first path unless set
+        path = next(iter(paths)) if interpreting() else _fastest(key, paths)
+    return _PATHS[path](x2, weight, bias).reshape(*lead, n)
+
+
+def offered_paths(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> dict:
+    """Name -> a call computing ``x2 @ W^T + bias`` (x2 of shape (M, K)), for every path ``int4_linear`` may
+    take at this shape: the fused GEMM and dequantize-then-matmul for prefill; for decode the direct GEMM, its
+    split-K form where the autotuner has a candidate, and the vector kernel (with its split) for up to
+    ``VECTOR_ROWS`` bf16/fp16 rows."""
+    m = x2.shape[0]
+    kp = weight.packed.shape[1] * 2
+    if m > DECODE_ROWS:
+        names = ["fused", "dequant"]
+    else:
+        names = ["split", "direct"] if _splits(_DECODE_SPLIT, _prune, kp, weight.group) else ["direct"]
+        if m <= VECTOR_ROWS and x2.dtype != torch.float32:  # float32 keeps the reference's per-element weight
+            names.append("vector")
+            if _splits(_VECTOR_SPLIT, _prune_vector, kp, weight.group):
+                names.append("vector_split")
+    return {name: functools.partial(_PATHS[name], x2, weight, bias) for name in names}
+
+
+def _dequant_then_linear(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """The prefill path's alternative: the weight dequantized by one Triton kernel, then the vendor GEMM."""
+    return torch.nn.functional.linear(x2, dequantize_triton(weight, x2.dtype), bias)
+
+
+#: Each path's call ``(x2, weight, bias) -> x2 @ W^T + bias``, by the names ``offered_paths`` gives.
+_PATHS = {
+    "fused": functools.partial(_gemm, vector=False, split=False),
+    "dequant": _dequant_then_linear,
+    "direct": functools.partial(_gemm, vector=False, split=False),
+    "split": functools.partial(_gemm, vector=False, split=True),
+    "vector": functools.partial(_gemm, vector=True, split=False),
+    "vector_split": functools.partial(_gemm, vector=True, split=True),
+}
 
 
 def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias: bool,

@@ -115,6 +115,23 @@ def test_an_autotuner_key_is_matched_exactly_and_its_config_completes_the_launch
     assert hooked[-1]["X"] is tensors[-1] and hooked[-1]["BLOCK"] == 64
 
 
+def test_a_callable_grid_is_given_the_arguments_and_the_chosen_config(toy):
+    """As in Triton, a grid callable sizes the launch from the autotuner's config (e.g. its tile width)."""
+    jit, normal_path = toy
+    launcher = DirectLauncher(triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4)], key=["n"])(jit))
+    seen: list[dict] = []
+
+    def grid(meta: dict) -> tuple[int, int]:
+        seen.append(meta)
+        return triton.cdiv(meta["n"], meta["BLOCK"]), 3
+
+    for _ in range(2):  # the second call launches directly
+        launcher(grid, torch.zeros(8), 200, 1.0, EVEN=True)
+    assert len(normal_path) == 1 and launcher.last[1] is True
+    assert launcher.last[0].launches[0][:3] == (4, 3, 1), "200 columns in tiles of 64: 4 programs"
+    assert seen[-1]["BLOCK"] == 64 and seen[-1]["n"] == 200 and seen[-1]["EVEN"] is True
+
+
 def test_a_registered_launch_hook_keeps_every_call_on_the_normal_path(toy):
     jit, normal_path = toy
     launcher = DirectLauncher(jit)

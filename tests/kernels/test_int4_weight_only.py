@@ -312,6 +312,31 @@ def test_precompiled_candidates_match_the_calls_signature_and_the_call_stays_exa
     _assert_product(got, x, w4, b)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("m", "path"), [(16, "direct"), (3, "vector")])
+def test_later_calls_launch_the_tuned_kernel_directly_and_match_the_normal_path(m, path, seed, monkeypatch):
+    """After its first call a shape's kernel is launched without Triton's dispatch (a model's decode step calls
+    every Linear); that launch is the very kernel the dispatch picks, so the outputs agree bit for bit (paths
+    without atomics, whose sums keep their order)."""
+    from microscope_kernels import direct_launch
+
+    x = _randn((m, 768), seed, torch.bfloat16)
+    q4 = quantize_int4(_randn((259, 768), seed + 1), 128)  # the output head of the gpu model: 259 columns
+    monkeypatch.setitem(_FASTEST, (triton.next_power_of_2(m), 259, 768, 128, torch.bfloat16, False), path)
+    launcher = kernel._LAUNCH[kernel._VECTOR_DIRECT if path == "vector" else kernel._DECODE_DIRECT]
+    first = int4_linear(x, q4)
+    second = int4_linear(x, q4)
+    compiled, direct = launcher.last
+    assert direct, "the second call of a shape launches directly"
+    with monkeypatch.context() as patch:
+        patch.setattr(direct_launch, "ENABLED", False)
+        dispatched = int4_linear(x, q4)
+    assert launcher.last == (compiled, False), "Triton's own dispatch picks the kernel the launcher reused"
+    assert torch.equal(first, second) and torch.equal(second, dispatched)
+    _assert_product(second, x, q4)
+
+
 @pytest.mark.parametrize(("n", "width", "group", "b0"), [(37, 128, 32, 0), (33, 64, 32, 256), (40, 128, 64, 128),
                                                          (5, 128, 128, 0), (70, 96, 32, 32)], ids=str)
 def test_the_gptq_block_kernel_gives_the_reference_loop_bit_for_bit(n, width, group, b0, seed):
