@@ -27,6 +27,7 @@ class Int4Linear(ConvertedLinear):
         # plain attributes, set before ``convert`` runs in the base constructor; the Hessian (GPTQ) is
         # dropped once used, so a later ``load_state_dict`` rounds to nearest
         self.group, self._hessian = group, hessian
+        self._weight: Int4Weight | None = None  # the buffers as one Int4Weight, made on the first call
         super().__init__(linear)
         self._hessian = None
 
@@ -41,7 +42,10 @@ class Int4Linear(ConvertedLinear):
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
-        weight = Int4Weight(self.packed, self.scale, self.zero, self.in_features, self.group)
+        weight = self._weight
+        if (weight is None or weight.packed is not self.packed or weight.scale is not self.scale
+                or weight.zero is not self.zero):  # made once; again after a load, a move or a cast
+            weight = self._weight = Int4Weight(self.packed, self.scale, self.zero, self.in_features, self.group)
         return int4_linear(x, weight, None if self.bias is None else self.bias.to(x.dtype))
 
 
