@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
-from microscope_kernels.direct_launch import DirectLauncher
+from microscope_kernels.direct_launch import DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.fp32_dot import mma
 
 from microscope.api import interpreting
@@ -238,7 +238,7 @@ def _dequant_args(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.
     block_k = max(DEQUANT_BLOCK_K, group)
     args = (weight_packed, scale, zero, out, n, k, kp, scale.shape[1], weight_packed.stride(0), out.stride(0))
     return args, {"GROUP": group, "BLOCK_N": DEQUANT_BLOCK_N, "BLOCK_K": block_k}, (
-        triton.cdiv(n, DEQUANT_BLOCK_N), triton.cdiv(kp, block_k))
+        cdiv(n, DEQUANT_BLOCK_N), cdiv(kp, block_k))
 
 
 def dequantize_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
@@ -353,7 +353,7 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
     packed = weight.words if vector else weight.packed  # the vector kernel reads int32 words
     args = (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
             n, weight.k, kp, weight.scale.shape[1], x2.stride(0), packed.stride(0), out.stride(0),
-            triton.next_power_of_2(m))
+            next_power_of_2(m))
     flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None}
     if not vector:
         flags["IEEE"] = x2.dtype == torch.float32
@@ -371,8 +371,8 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
             _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True)
     else:
         def grid(meta: dict) -> tuple[int, int, int]:
-            rows = m if vector else triton.cdiv(m, meta["BLOCK_M"])
-            return rows, triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
+            rows = m if vector else cdiv(m, meta["BLOCK_M"])
+            return rows, cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
 
         if vector:
             _LAUNCH[_VECTOR_SPLIT if split else _VECTOR_DIRECT](grid, *args, **flags)
@@ -380,7 +380,7 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
             _LAUNCH[_DECODE_SPLIT if split else _DECODE_DIRECT](grid, *args, **flags, INTERPRET=False)
         else:
             _LAUNCH[_PREFILL](grid, *args, **flags, INTERPRET=False)
-    return out.to(x2.dtype)
+    return out if out.dtype == x2.dtype else out.to(x2.dtype)
 
 
 def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call returning the output
@@ -413,7 +413,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     m, n = x2.shape[0], weight.n
     if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    key = (triton.next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
+    key = (next_power_of_2(m), n, weight.k, weight.group, x.dtype, bias is not None)
     path = _FASTEST.get(key)  # once known, only that path is called: a decode step is short on host time
     if path is None:
         paths = offered_paths(x2, weight, bias)

@@ -13,11 +13,19 @@ import pytest
 import torch
 import triton
 from microscope_kernels import direct_launch
-from microscope_kernels.direct_launch import DirectLauncher, specialization
+from microscope_kernels.direct_launch import DirectLauncher, cdiv, next_power_of_2, specialization
 from microscope_kernels.int8_kv_cache.kernel import _LAUNCH_INT8, _LAUNCH_MERGE, int8_decode_attention, quantize_kv
 from triton import language as tl
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+def test_the_plain_python_grid_helpers_equal_tritons():
+    for a in [*range(1, 300), 4095, 4096, 4097, 2**31 - 1, 2**31, 2**40 + 3]:
+        assert next_power_of_2(a) == triton.next_power_of_2(a), a
+        for b in (1, 3, 16, 64, 128):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    assert cdiv(0, 16) == 0
 
 
 def test_integers_specialize_on_one_divisibility_by_16_and_32_bit_range():
