@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
+from microscope_kernels.direct_launch import cdiv, next_power_of_2
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 
 from microscope.api import interpreting
@@ -119,11 +120,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if interpreting():
             rows, block, warps = 32, 64, 4
         else:
-            rows, block = 1, min(ONE_PASS_COLUMNS, triton.next_power_of_2(max(k, 16)))
+            rows, block = 1, min(ONE_PASS_COLUMNS, next_power_of_2(max(k, 16)))
             warps = 8 if block >= 4096 else 4
-        _quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0),
-                                                       BLOCK_M=rows, BLOCK_K=block, ONE_PASS=k <= block,
-                                                       num_warps=warps)
+        _quantize_rows_kernel[(cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0),
+                                                BLOCK_M=rows, BLOCK_K=block, ONE_PASS=k <= block,
+                                                num_warps=warps)
     return q, scale
 
 
@@ -151,15 +152,15 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     x_q, w_q = x_q.contiguous(), w_q.contiguous()
     x_scale, w_scale = x_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
     args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
-            x_q.stride(0), w_q.stride(0), out.stride(0), triton.next_power_of_2(m))
+            x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
     fixed = _blocks(m)
     if fixed is None:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
     else:
         bm, bn, bk, warps = fixed
-        _GEMM[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](*args, HAS_BIAS=bias is not None, BLOCK_M=bm,
-                                                          BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
+        _GEMM[(cdiv(m, bm) * cdiv(n, bn),)](*args, HAS_BIAS=bias is not None, BLOCK_M=bm,
+                                            BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
     return out
 
 
