@@ -40,7 +40,7 @@ _I32 = range(-(2**31), 2**31)
 
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` in plain Python for launch paths: Triton's is a constexpr function, ~2 us of host time a
-    call on the CI machine (a decode call sized its grid with three of them)."""
+    call on the CI machine (an int4 decode call made four such calls)."""
     return -(-a // b)
 
 
@@ -127,10 +127,12 @@ class DirectLauncher:
             return
         self._entries.move_to_end(key)
         full = (*args, *entry.tail)
-        if entry.pre_hook is not None:  # e.g. an autotuner config that sets the descriptors' block shape
-            entry.pre_hook(dict(zip(self.arg_names, full)))
-        if callable(grid):
-            grid = grid(dict(zip(self.arg_names, full)))
+        if entry.pre_hook is not None or callable(grid):
+            named = dict(zip(self.arg_names, full))
+            if entry.pre_hook is not None:  # e.g. an autotuner config that sets the descriptors' block shape
+                entry.pre_hook(named)
+            if callable(grid):
+                grid = grid(named)
         driver = triton.runtime.driver.active
         stream = driver.get_current_stream(key[0])
         compiled = entry.compiled
