@@ -34,7 +34,7 @@ from microscope_kernels.int4_weight_only.reference import (
 )
 from microscope_kernels.int4_weight_only.torch_peer import int4pack_linear, pack, unsupported
 
-from microscope.api import Role, interpreting
+from microscope.api import Case, Role, interpreting
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -168,6 +168,14 @@ def test_leading_batch_dims_and_empty_inputs(seed):
     assert int4_linear(x[:, :0], q4).shape == (2, 0, 9)
 
 
+def _errors(plugin: Int4WeightOnly, case: Case, seed: int, names: list[str]) -> dict[str, float]:
+    """Each named variant's norm-relative error against the float64 Linear on the unquantized weight."""
+    inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), DEVICE)
+    truth = plugin.reference({k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                              for k, v in inputs.items()})
+    return {name: float((plugin.variants[name].fn(**inputs).double() - truth).norm() / truth.norm()) for name in names}
+
+
 def test_plugin_variants_meet_the_budget(seed):
     """Every variant on every default case, judged against the float64 Linear on the unquantized weight."""
     plugin = Int4WeightOnly()
@@ -178,12 +186,8 @@ def test_plugin_variants_meet_the_budget(seed):
     rtn, gptq = [], []
     assert any(r is None for r in refusals.values()), refusals  # the default grid checks the torch peer too
     for case in plugin.cases:
-        inputs = plugin.inputs(case, torch.Generator().manual_seed(seed), DEVICE)
-        x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-               for k, v in inputs.items()}
-        truth = plugin.reference(x64)
-        errors = {name: float((v.fn(**inputs).double() - truth).norm() / truth.norm())
-                  for name, v in plugin.variants.items() if not (v.supports and v.supports(case, DEVICE))}
+        errors = _errors(plugin, case, seed, [name for name, v in plugin.variants.items()
+                                              if not (v.supports and v.supports(case, DEVICE))])
         assert errors["triton"] <= INT4_ERROR_BUDGET and errors["linear"] <= 0.01, (case.id, errors)
         assert errors["triton_gptq"] <= INT4_ERROR_BUDGET, (case.id, errors)
         rtn.append(errors["triton"])
@@ -192,9 +196,14 @@ def test_plugin_variants_meet_the_budget(seed):
             assert abs(errors["triton"] - errors[peer_name]) < 0.01, (case.id, errors)
         # the 4-bit weight is ~0.27x the bf16 weight's bytes
         assert plugin.bytes(case) < case["m"] * case["k"] * 4 + case["n"] * case["k"] + case["m"] * case["n"] * 4
-    # activations with a shared low-rank part as strong as the independent one: calibration buys ~15% on
-    # average over the cases (one seed in 16 bought 7.8%, under the 8% this asserted before)
-    assert sum(gptq) < 0.95 * sum(rtn), (gptq, rtn)
+    # activations with a shared low-rank part as strong as the independent one: calibration buys 16% on average
+    # over the cases, 3-29% a seed (40 seeds on the CPU: sd 6.4%), so the assertion averages three seeds
+    for more in (seed + 1, seed + 2):
+        for case in plugin.cases:
+            errors = _errors(plugin, case, more, ["triton", "triton_gptq"])
+            rtn.append(errors["triton"])
+            gptq.append(errors["triton_gptq"])
+    assert sum(gptq) < 0.97 * sum(rtn), (gptq, rtn)
 
 
 def _torch_int4_dtypes() -> list[torch.dtype]:
@@ -317,8 +326,8 @@ def test_precompiled_candidates_match_the_calls_signature_and_the_call_stays_exa
 @pytest.mark.parametrize(("m", "path"), [(16, "direct"), (3, "vector")])
 def test_later_calls_launch_the_tuned_kernel_directly_and_match_the_normal_path(m, path, seed, monkeypatch):
     """After its first call a shape's kernel is launched without Triton's dispatch (a model's decode step calls
-    every Linear); that launch is the very kernel the dispatch picks, so the outputs agree bit for bit (paths
-    without atomics, whose sums keep their order)."""
+    every Linear), and from its second on through a launch bound to its grid; that launch is the very kernel the
+    dispatch picks, so the outputs agree bit for bit (paths without atomics, whose sums keep their order)."""
     from microscope_kernels import direct_launch
 
     x = _randn((m, 768), seed, torch.bfloat16)
@@ -329,11 +338,17 @@ def test_later_calls_launch_the_tuned_kernel_directly_and_match_the_normal_path(
     second = int4_linear(x, q4)
     compiled, direct = launcher.last
     assert direct, "the second call of a shape launches directly"
+    (bind,) = [key for key in kernel._BOUND if key[0][1] == 259 and key[1:3] == (path, m)]
+    calls = []
+    bound = kernel._BOUND[bind]
+    monkeypatch.setitem(kernel._BOUND, bind, lambda *args: calls.append(1) or bound(*args))
+    third = int4_linear(x, q4)
+    assert calls and launcher.last == (compiled, True), "later calls take the bound launch of the same kernel"
     with monkeypatch.context() as patch:
         patch.setattr(direct_launch, "ENABLED", False)
         dispatched = int4_linear(x, q4)
     assert launcher.last == (compiled, False), "Triton's own dispatch picks the kernel the launcher reused"
-    assert torch.equal(first, second) and torch.equal(second, dispatched)
+    assert torch.equal(first, second) and torch.equal(second, third) and torch.equal(second, dispatched)
     _assert_product(second, x, q4)
 
 
