@@ -141,6 +141,22 @@ class DirectLauncher:
                      *full)
         self.last = (compiled, True)
 
+    def bind(self, grid: tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]], *args: Any,
+             **constexprs: Any) -> BoundLaunch | None:
+        """A launch of this call's compiled kernel with its grid worked out once, for a hot path that calls the
+        same shape again and again (None until a call of this specialization has compiled it, or where direct
+        launches are off, or where its config has a pre-hook). The caller keys the result on every value the
+        grid and the non-tensor arguments depend on; the bound launch checks each tensor's dtype and alignment."""
+        if not (ENABLED and self._direct):
+            return None
+        key = self.key(args, constexprs)
+        entry = self._entries.get(key)
+        if entry is None or entry.pre_hook is not None:
+            return None
+        if callable(grid):
+            grid = grid(dict(zip(self.arg_names, (*args, *entry.tail))))
+        return BoundLaunch(self, entry, (*grid, 1, 1)[:3], key[0], args, constexprs)
+
     def _first_launch(self, key: Hashable, grid: Any, args: Sequence[Any],
                       constexprs: dict[str, Any]) -> None:
         compiled = self.fn[grid](*args, **constexprs)
@@ -156,3 +172,36 @@ class DirectLauncher:
         self._entries[key] = _Entry(compiled, tail, config.pre_hook if config is not None else None)
         if len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
+
+
+class BoundLaunch:
+    """``bound(*args)`` launches one compiled kernel on a fixed grid: ``DirectLauncher.bind``'s result. Its cost
+    per call is a check of each tensor's dtype and 16-byte alignment against the bound call's and the launch
+    itself; a tensor that differs, a registered launch hook or direct launches turned off send the call through the
+    launcher instead."""
+
+    __slots__ = ("_launcher", "_compiled", "_tail", "_grid", "_device", "_tensors", "_constexprs")
+
+    def __init__(self, launcher: DirectLauncher, entry: _Entry, grid: tuple[int, int, int], device: Any,
+                 args: Sequence[Any], constexprs: dict[str, Any]) -> None:
+        self._launcher, self._compiled, self._tail, self._grid, self._device = launcher, entry.compiled, entry.tail, \
+            grid, device
+        self._tensors = tuple((i, a.dtype, a.data_ptr() % 16 == 0) for i, a in enumerate(args)
+                              if isinstance(a, torch.Tensor))
+        self._constexprs = constexprs
+
+    def __call__(self, *args: Any) -> None:
+        hooks = triton.knobs.runtime
+        if not ENABLED or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            self._launcher(self._grid, *args, **self._constexprs)
+            return
+        for i, dtype, aligned in self._tensors:
+            tensor = args[i]
+            if tensor.dtype != dtype or (tensor.data_ptr() % 16 == 0) != aligned:
+                self._launcher(self._grid, *args, **self._constexprs)
+                return
+        compiled = self._compiled
+        stream = triton.runtime.driver.active.get_current_stream(self._device)
+        compiled.run(*self._grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args,
+                     *self._tail)
+        self._launcher.last = (compiled, True)

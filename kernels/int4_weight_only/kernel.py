@@ -38,12 +38,13 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
-from microscope_kernels.direct_launch import DirectLauncher, cdiv, next_power_of_2
+from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.fp32_dot import mma
 
 from microscope.api import interpreting
@@ -324,6 +325,9 @@ _LAUNCH = {tuner: DirectLauncher(tuner) for tuner in (_DECODE_DIRECT, _DECODE_SP
 _LAUNCH_DEQUANT = DirectLauncher(_int4_dequant_kernel)
 #: (rows bucket, N, K, group, dtype, bias) -> the path whose whole call was the faster on this GPU.
 _FASTEST: dict[tuple, str] = {}
+#: (that key, path, rows, packed row stride, device) -> the path's GEMM bound to its compiled kernel and grid
+#: (``DirectLauncher.bind``): a decode step calls every Linear of a model, a few microseconds of GPU time each.
+_BOUND: dict[tuple, Callable[..., torch.Tensor]] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
 #: down, a split of K so the split path is exercised on CPU too.
 _INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
@@ -342,23 +346,37 @@ def _has_split(tuner, prune, kp: int, group: int) -> bool:  # noqa: ANN001 - as 
     return bool(prune(tuner.configs, {"KP": kp}, GROUP=group))
 
 
-def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool,
-          split: bool) -> torch.Tensor:
-    """One launch of the tensor-core GEMM (``vector`` False) or the vector kernel, autotuned on a GPU; the
-    split path adds into a zeroed float32 buffer, cast to x's dtype after."""
-    m, n = x2.shape[0], weight.n
-    kp = weight.packed.shape[1] * 2
-    out = (torch.zeros((m, n), device=x2.device, dtype=torch.float32) if split
-           else torch.empty((m, n), device=x2.device, dtype=x2.dtype))
+def _gemm_out(x2: torch.Tensor, n: int, split: bool) -> torch.Tensor:
+    """The GEMM's output: x's dtype, or a zeroed float32 buffer that the split-K programs add into."""
+    if split:
+        return torch.zeros((x2.shape[0], n), device=x2.device, dtype=torch.float32)
+    return torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
+
+
+def _gemm_args(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, out: torch.Tensor,
+               vector: bool) -> tuple:
+    """The runtime arguments of both GEMM kernels, in their signature's order."""
+    m = x2.shape[0]
     packed = weight.words if vector else weight.packed  # the vector kernel reads int32 words
-    args = (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
-            n, weight.k, kp, weight.scale.shape[1], x2.stride(0), packed.stride(0), out.stride(0),
-            next_power_of_2(m))
+    return (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
+            out.shape[1], weight.k, weight.packed.shape[1] * 2, weight.scale.shape[1], x2.stride(0), packed.stride(0),
+            out.stride(0), next_power_of_2(m))
+
+
+def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool, split: bool,
+          bind: tuple | None = None) -> torch.Tensor:
+    """One launch of the tensor-core GEMM (``vector`` False) or the vector kernel, autotuned on a GPU; the
+    split path adds into a zeroed float32 buffer, cast to x's dtype after. With ``bind`` (a key fixing every
+    argument but the tensors), later calls of that key go straight to the compiled kernel (``_BOUND``)."""
+    m, n = x2.shape[0], weight.n
+    out = _gemm_out(x2, n, split)
+    args = _gemm_args(x2, weight, bias, out, vector)
     flags = {"GROUP": weight.group, "HAS_BIAS": bias is not None}
     if not vector:
         flags["IEEE"] = x2.dtype == torch.float32
     if interpreting():
         # group 32: tiles of two groups where K allows, so that path is interpreted too
+        kp = args[9]
         two_groups = weight.group < 64 and kp % (2 * weight.group) == 0
         cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
                "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
@@ -375,11 +393,23 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
             return rows, cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"]
 
         if vector:
-            _LAUNCH[_VECTOR_SPLIT if split else _VECTOR_DIRECT](grid, *args, **flags)
-        elif m <= DECODE_ROWS:
-            _LAUNCH[_DECODE_SPLIT if split else _DECODE_DIRECT](grid, *args, **flags, INTERPRET=False)
+            launcher = _LAUNCH[_VECTOR_SPLIT if split else _VECTOR_DIRECT]
         else:
-            _LAUNCH[_PREFILL](grid, *args, **flags, INTERPRET=False)
+            flags["INTERPRET"] = False
+            launcher = _LAUNCH[(_DECODE_SPLIT if split else _DECODE_DIRECT) if m <= DECODE_ROWS else _PREFILL]
+        launcher(grid, *args, **flags)
+        if bind is not None:
+            bound = launcher.bind(grid, *args, **flags)
+            if bound is not None:
+                _BOUND[bind] = functools.partial(_bound_gemm, bound, vector=vector, split=split)
+    return out if out.dtype == x2.dtype else out.to(x2.dtype)
+
+
+def _bound_gemm(launch: BoundLaunch, x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *,
+                vector: bool, split: bool) -> torch.Tensor:
+    """``_gemm`` for a shape whose kernel, config and grid are known: the output, the arguments, one launch."""
+    out = _gemm_out(x2, weight.n, split)
+    launch(*_gemm_args(x2, weight, bias, out, vector))
     return out if out.dtype == x2.dtype else out.to(x2.dtype)
 
 
@@ -419,6 +449,13 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
         paths = offered_paths(x2, weight, bias)
         # not timed under the interpreter: the first path unless set
         path = next(iter(paths)) if interpreting() else _fastest(key, paths)
+    elif m <= DECODE_ROWS:  # decode: the path's kernel, config and grid are fixed by the exact shape from here on
+        bind = (key, path, m, weight.packed.stride(0), x2.device)
+        bound = _BOUND.get(bind)
+        if bound is not None:
+            return bound(x2, weight, bias).reshape(*lead, n)
+        if not interpreting():
+            return _PATHS[path](x2, weight, bias, bind=bind).reshape(*lead, n)
     return _PATHS[path](x2, weight, bias).reshape(*lead, n)
 
 

@@ -3,8 +3,9 @@
 On CPU: the specialization key separates what Triton compiles separately, and (on a JITFunction whose
 normal path is recorded instead of compiled) the launcher caches per specialization, completes the
 argument list in signature order, honours autotuner keys, configs and pre-hooks, evicts the oldest
-entry and steps aside for launch hooks. On the GPU: for pairs of cache lengths, the kernel the
-launcher reuses is the very kernel Triton's own dispatch picks, and the outputs agree bit for bit.
+entry and steps aside for launch hooks; a bound launch keeps its grid and checks its tensors. On the GPU:
+for pairs of cache lengths, the kernel the launcher reuses is the very kernel Triton's own dispatch picks,
+and the outputs agree bit for bit.
 """
 
 from __future__ import annotations
@@ -140,6 +141,46 @@ def test_a_callable_grid_is_given_the_arguments_and_the_chosen_config(toy):
     assert seen[-1]["BLOCK"] == 64 and seen[-1]["n"] == 200 and seen[-1]["EVEN"] is True
 
 
+def test_a_bound_launch_fixes_the_grid_and_falls_back_where_a_tensor_or_the_switch_differs(toy, monkeypatch):
+    """``bind`` (a hot path's shortcut for a shape it calls again) launches the compiled kernel on the grid worked
+    out once; a tensor of another dtype or alignment, or direct launches turned off, take the launcher's path."""
+    jit, normal_path = toy
+    launcher = DirectLauncher(triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4)], key=["n"])(jit))
+    grids: list[dict] = []
+
+    def grid(meta: dict) -> tuple[int]:
+        grids.append(meta)
+        return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+    assert launcher.bind(grid, torch.zeros(8), 200, 1.0, EVEN=True) is None, "nothing compiled yet"
+    launcher(grid, torch.zeros(8), 200, 1.0, EVEN=True)
+    bound = launcher.bind(grid, torch.zeros(8), 200, 1.0, EVEN=True)
+    compiled = launcher.last[0]
+    assert bound is not None and len(grids) == 1
+    x = torch.ones(8)
+    bound(x, 200, 0.5)
+    assert len(grids) == 1 and len(normal_path) == 1, "the grid is not worked out again, no dispatch"
+    launch = compiled.launches[-1]
+    assert launch[:4] == (4, 1, 1, 7) and launch[9] is x and launch[10:] == (200, 0.5, 64, True)
+    assert launcher.last == (compiled, True)
+    direct = len(compiled.launches)
+    bound(torch.ones(9)[1:], 200, 0.5)  # 4 bytes in: Triton would compile another kernel
+    assert len(normal_path) == 2 and len(compiled.launches) == direct
+    bound(torch.ones(8, dtype=torch.float64), 200, 0.5)
+    assert len(normal_path) == 3
+    monkeypatch.setattr(direct_launch, "ENABLED", False)
+    bound(x, 200, 0.5)
+    assert len(normal_path) == 4 and launcher.last[1] is False and len(compiled.launches) == direct
+
+
+def test_a_config_with_a_pre_hook_is_not_bound(toy):
+    jit, _ = toy
+    config = triton.Config({"BLOCK": 64}, num_warps=4, pre_hook=lambda named: None)
+    launcher = DirectLauncher(triton.autotune(configs=[config], key=["n"])(jit))
+    launcher((1,), torch.zeros(8), 17, 1.0, EVEN=True)
+    assert launcher.bind((1,), torch.zeros(8), 17, 1.0, EVEN=True) is None
+
+
 def test_a_registered_launch_hook_keeps_every_call_on_the_normal_path(toy):
     jit, normal_path = toy
     launcher = DirectLauncher(jit)
@@ -151,6 +192,14 @@ def test_a_registered_launch_hook_keeps_every_call_on_the_normal_path(toy):
     finally:
         chain.remove(print)
     assert len(normal_path) == 3 and launcher.last[1] is False
+    launcher((1,), torch.zeros(8), 17, 1.0, BLOCK=32, EVEN=False)  # unhooked: compiled and kept
+    bound = launcher.bind((1,), torch.zeros(8), 17, 1.0, BLOCK=32, EVEN=False)
+    chain.add(print)
+    try:
+        bound(torch.zeros(8), 17, 1.0)
+    finally:
+        chain.remove(print)
+    assert len(normal_path) == 5 and launcher.last[1] is False, "a bound launch steps aside for a hook too"
 
 
 def _cache(tokens: int, granularity: str, seed: int):
