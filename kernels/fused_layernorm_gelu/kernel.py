@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
-from microscope_kernels.direct_launch import DirectLauncher
+from microscope_kernels.direct_launch import DirectLauncher, cdiv, next_power_of_2
 
 from microscope.api import interpreting
 
@@ -507,8 +507,8 @@ def layernorm_gelu_backward(
     # 32 columns (128 B rows of partials) per program: N/32 programs share the (programs x N)
     # buffers, and up to 256 partial rows per load keep each program's reads in one wave.
     block_c = min(32, consts["BLOCK_N"])
-    _LAUNCH_SUM((triton.cdiv(n, block_c),), dw_part, db_part, dw, db, programs, n,
-                BLOCK_P=min(256, triton.next_power_of_2(programs)), BLOCK_C=block_c, num_warps=8)
+    _LAUNCH_SUM((cdiv(n, block_c),), dw_part, db_part, dw, db, programs, n,
+                BLOCK_P=min(256, next_power_of_2(programs)), BLOCK_C=block_c, num_warps=8)
     return _as_input(dx, x), _as_input(dw, weight), _as_input(db, bias)
 
 

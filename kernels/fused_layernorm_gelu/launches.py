@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from microscope_kernels.direct_launch import cdiv
 
 from .kernel import ForwardPlan, _consts, _fwd_kernel, _on_gpu_device, _resident_programs, _sm_count
 
@@ -59,7 +60,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: floa
         kernel = _fwd_kernel
         consts = {**_consts(n, approximate, x.device), "BLOCK_M": launch.block_m, **plan.consts()}
         args = (x, weight, bias, y, stats, m, n, x.stride(0), y.stride(0), eps)
-        row_blocks = triton.cdiv(m, launch.block_m)
+        row_blocks = cdiv(m, launch.block_m)
     programs = _programs(kernel, args, consts, options, row_blocks, launch, x.device, x.dtype)
     kernel[(programs,)](*args, **consts, **options)
     return y
@@ -78,5 +79,5 @@ def _programs(kernel: triton.JITFunction, args: tuple, consts: dict, options: di
                                               index)
         programs = min(row_blocks, _PER_SM[key] * _sm_count(index))
     if launch.balanced:
-        programs = triton.cdiv(row_blocks, triton.cdiv(row_blocks, programs))
+        programs = cdiv(row_blocks, cdiv(row_blocks, programs))
     return programs

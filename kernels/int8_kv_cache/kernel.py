@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
-from microscope_kernels.direct_launch import DirectLauncher
+from microscope_kernels.direct_launch import DirectLauncher, cdiv
 from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_descriptor_blocks, scale_descriptor
 from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
@@ -326,18 +326,12 @@ def tuned_split_config(split_len: int, tokens: int, head_dim: int, per_token: bo
                        products: str = "fma", int8_query: bool = INT8_QUERY) -> str | None:
     """An int8 split kernel's autotuned config for one key, for bench reports (None if not tuned).
     Triton's cache keys start with the ``_INT8_KEY`` values in order (then, for "fma", INT8_QUERY)."""
-    wanted = (split_len, _cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
+    wanted = (split_len, cdiv(tokens, split_len), head_dim, per_token, ptx_dequant)
     wanted += (int8_query,) if products == "fma" else ()
     for key, config in _int8_tuner(products).cache.items():
         if tuple(key[:len(wanted)]) == wanted:
             return str(config)
     return None
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) in plain Python: ``triton.cdiv`` is a constexpr function, and calling one from the
-    host costs microseconds each (argument unwrapping), on a path that runs every decode step."""
-    return -(-a // b)
 
 
 #: Most splits one merge program handles (its tile is MAX_SPLITS x D fp32).
@@ -363,9 +357,9 @@ def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 
     program per head. 8 waves: on the H200 both int8 kernels ran 0.6-11% faster at 8 waves than at 16
     (the split sweep in the README), and the last, partial wave still costs only a few percent."""
     wanted_programs = waves * 4 * sm_count
-    split_len = _cdiv(tokens * heads_total, wanted_programs)
-    split_len = max(split_len, _cdiv(tokens, MAX_SPLITS), 1)
-    return min(max(256, _cdiv(split_len, 256) * 256), max(256, _cdiv(tokens, 256) * 256))
+    split_len = cdiv(tokens * heads_total, wanted_programs)
+    split_len = max(split_len, cdiv(tokens, MAX_SPLITS), 1)
+    return min(max(256, cdiv(split_len, 256) * 256), max(256, cdiv(tokens, 256) * 256))
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -379,9 +373,9 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) 
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             split_len = choose_split_len(tokens, bh, _sm_count(index))
         else:
-            blocks = _cdiv(_cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
+            blocks = cdiv(cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
             split_len = max(_INTERP_SPLIT, blocks * _INTERP_BLOCK_T)
-    num_splits = _cdiv(tokens, split_len)
+    num_splits = cdiv(tokens, split_len)
     if num_splits > MAX_SPLITS:
         raise ValueError(f"split_len={split_len} gives {num_splits} splits > {MAX_SPLITS}")
     return split_len, num_splits

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
-from microscope_kernels.direct_launch import DirectLauncher
+from microscope_kernels.direct_launch import DirectLauncher, cdiv
 from microscope_kernels.split_merge import merged_output
 
 from microscope.api import interpreting
@@ -109,10 +109,6 @@ _LAUNCH_SPLIT = {True: DirectLauncher(_split_tuned), False: DirectLauncher(_page
 _LAUNCH_MERGE = DirectLauncher(_merge_kernel)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -122,8 +118,8 @@ def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 
     """Tokens per split (a multiple of 256, so of every tile): enough programs for ~``waves`` waves of
     4 resident programs per SM, at most MAX_SPLITS splits. The int8_kv_cache room's rule, whose H200
     split sweep found 8 waves 0.6-11% faster than 16."""
-    split_len = max(_cdiv(tokens * heads_total, waves * 4 * sm_count), _cdiv(tokens, MAX_SPLITS), 1)
-    return min(max(256, _cdiv(split_len, 256) * 256), max(256, _cdiv(tokens, 256) * 256))
+    split_len = max(cdiv(tokens * heads_total, waves * 4 * sm_count), cdiv(tokens, MAX_SPLITS), 1)
+    return min(max(256, cdiv(split_len, 256) * 256), max(256, cdiv(tokens, 256) * 256))
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -167,11 +163,11 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) 
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             split_len = choose_split_len(tokens, q.shape[0] * q.shape[1], _sm_count(index))
         else:
-            blocks = _cdiv(_cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
+            blocks = cdiv(cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
             split_len = max(_INTERP_SPLIT, blocks * _INTERP_BLOCK_T)
     if split_len < 1:
         raise ValueError(f"split_len must be >= 1, got {split_len}")
-    num_splits = _cdiv(tokens, split_len)
+    num_splits = cdiv(tokens, split_len)
     if num_splits > MAX_SPLITS:
         raise ValueError(f"split_len={split_len} gives {num_splits} splits > {MAX_SPLITS}")
     return split_len, num_splits
@@ -187,7 +183,7 @@ def precompile(batch: int, heads: int, head_dim: int, page: int, tokens: int, dt
         return []
     q = torch.empty((batch, heads, head_dim), device=device, dtype=dtype)
     pool = torch.empty((1, heads, page, head_dim), device=device, dtype=dtype)
-    table = torch.empty((batch, _cdiv(tokens, page)), device=device, dtype=torch.int32)
+    table = torch.empty((batch, cdiv(tokens, page)), device=device, dtype=torch.int32)
     lens = torch.empty((batch,), device=device, dtype=torch.int32)
     split_len, num_splits = _split_plan(q, table.shape[1] * page, None, True)
     part_acc = torch.empty((num_splits, head_dim), device=device, dtype=torch.float32)
