@@ -17,6 +17,10 @@ alignment, each integer's equality to 1, divisibility by 16 and 32-bit range, ea
 dtype and block shape, constexpr values, the device; and the exact values of the autotuner's key
 arguments, so an autotuner that would tune a new key still does. A launch hook (a profiler such as
 proton) or the CPU interpreter sends every call down the normal path.
+
+A hot path that calls one shape again and again can go further with ``bind``: the grid is worked out
+once and each call checks only its tensors' dtypes and alignment, the caller keying the bound launch on
+everything else (int4 decode: 21.5 -> 10.9 us of Python a call on the CI machine, launch faked).
 """
 
 from __future__ import annotations
