@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
-from microscope_kernels.direct_launch import cdiv, next_power_of_2
+from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 
 from microscope.api import interpreting
@@ -105,6 +105,34 @@ _LARGE_M_CONFIGS = [
 ]
 _GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(_GEMM)
 
+#: Rows up to this count (decode) take the GEMM with fixed blocks; more, the autotuned one.
+DECODE_ROWS = 64
+#: Launches skip Triton's per-call dispatch after the first call per specialization (direct_launch.py).
+_LAUNCH_QUANTIZE = DirectLauncher(_quantize_rows_kernel)
+_LAUNCH_GEMM = DirectLauncher(_int8_gemm_kernel)
+#: (rows, N, K, dtype, bias, device) -> the quantize and GEMM launches of a decode call, bound to their kernels
+#: and grids (``DirectLauncher.bind``): a model's decode step calls every Linear, a few microseconds of GPU each.
+_BOUND: dict[tuple, tuple[BoundLaunch, BoundLaunch]] = {}
+
+
+def _quantize_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple[tuple, tuple, dict]:
+    """The quantize kernel's grid, runtime arguments and constants for contiguous (M, K) rows: the interpreter
+    pays per program, so it takes many rows at once; a GPU one row per program, the whole row at once where
+    it fits."""
+    m, k = x.shape
+    if interpreting():
+        rows, block, warps = 32, 64, 4
+    else:
+        rows, block = 1, min(ONE_PASS_COLUMNS, next_power_of_2(max(k, 16)))
+        warps = 8 if block >= 4096 else 4
+    return (cdiv(m, rows),), _quantize_args(x, q, scale), {"BLOCK_M": rows, "BLOCK_K": block, "ONE_PASS": k <= block,
+                                                          "num_warps": warps}
+
+
+def _quantize_args(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple:
+    """The quantize kernel's runtime arguments, in its signature's order."""
+    return x, q, scale, x.shape[0], x.shape[1], x.stride(0), q.stride(0)
+
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 (M, K), scale float32 (M,)) of a 2-D tensor, symmetric per row, in one Triton pass."""
@@ -115,16 +143,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), device=x.device, dtype=torch.int8)
     scale = torch.empty((m,), device=x.device, dtype=torch.float32)
     if m:
-        # the interpreter pays per program, so it takes many rows at once; a GPU one row per program, the
-        # whole row at once where it fits
-        if interpreting():
-            rows, block, warps = 32, 64, 4
-        else:
-            rows, block = 1, min(ONE_PASS_COLUMNS, next_power_of_2(max(k, 16)))
-            warps = 8 if block >= 4096 else 4
-        _quantize_rows_kernel[(cdiv(m, rows),)](x, q, scale, m, k, x.stride(0), q.stride(0),
-                                                BLOCK_M=rows, BLOCK_K=block, ONE_PASS=k <= block,
-                                                num_warps=warps)
+        grid, args, consts = _quantize_launch(x, q, scale)
+        _LAUNCH_QUANTIZE(grid, *args, **consts)
     return q, scale
 
 
@@ -134,9 +154,29 @@ def _blocks(m: int) -> tuple[int, int, int, int] | None:
         return 32, 64, 64, 4
     if m <= 16:
         return 16, 64, 256, 4
-    if m <= 64:
+    if m <= DECODE_ROWS:
         return 64, 128, 128, 4
     return None
+
+
+def _gemm_args(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
+    """The GEMM kernel's runtime arguments, operands made contiguous and scales float32 as it reads them."""
+    x_q, w_q = x_q.contiguous(), w_q.contiguous()
+    x_scale, w_scale = x_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
+    m, k = x_q.shape
+    return (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, out.shape[1], k,
+            x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
+
+
+def _fixed_gemm_launch(m: int, n: int, k: int, has_bias: bool) -> tuple[tuple, dict] | None:
+    """The grid and constants of the GEMM with fixed blocks (decode rows, the interpreter); None: autotuned."""
+    fixed = _blocks(m)
+    if fixed is None:
+        return None
+    bm, bn, bk, warps = fixed
+    return (cdiv(m, bm) * cdiv(n, bn),), {"HAS_BIAS": has_bias, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                          "GROUP_M": 8, "EVEN_K": k % bk == 0, "num_warps": warps}
 
 
 def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -149,18 +189,13 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
     if m == 0 or n == 0:
         return out
-    x_q, w_q = x_q.contiguous(), w_q.contiguous()
-    x_scale, w_scale = x_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
-    args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
-            x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
-    fixed = _blocks(m)
+    args = _gemm_args(x_q, x_scale, w_q, w_scale, bias, out)
+    fixed = _fixed_gemm_launch(m, n, k, bias is not None)
     if fixed is None:
         grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
     else:
-        bm, bn, bk, warps = fixed
-        _GEMM[(cdiv(m, bm) * cdiv(n, bn),)](*args, HAS_BIAS=bias is not None, BLOCK_M=bm,
-                                            BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps)
+        _LAUNCH_GEMM(fixed[0], *args, **fixed[1])
     return out
 
 
@@ -178,7 +213,29 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
-    if x2.shape[0] == 0 or n == 0:
+    m = x2.shape[0]
+    if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    x_q, x_scale = quantize_rows(x2)
-    return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)
+    if m > DECODE_ROWS or interpreting():
+        x_q, x_scale = quantize_rows(x2)
+        return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)
+    key = (m, n, k, x.dtype, bias is not None, x.device)
+    bound = _BOUND.get(key)
+    x2 = x2.contiguous()
+    x_q = torch.empty((m, k), device=x.device, dtype=torch.int8)
+    x_scale = torch.empty((m,), device=x.device, dtype=torch.float32)
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    gemm_args = _gemm_args(x_q, x_scale, w_q, w_scale, bias, out)
+    if bound is not None:  # decode: a shape's later calls go straight to its two kernels
+        bound[0](*_quantize_args(x2, x_q, x_scale))
+        bound[1](*gemm_args)
+    else:
+        quantize_grid, quantize_args, quantize_consts = _quantize_launch(x2, x_q, x_scale)
+        gemm_grid, gemm_consts = _fixed_gemm_launch(m, n, k, bias is not None)
+        _LAUNCH_QUANTIZE(quantize_grid, *quantize_args, **quantize_consts)
+        _LAUNCH_GEMM(gemm_grid, *gemm_args, **gemm_consts)
+        quantize = _LAUNCH_QUANTIZE.bind(quantize_grid, *quantize_args, **quantize_consts)
+        gemm = _LAUNCH_GEMM.bind(gemm_grid, *gemm_args, **gemm_consts)
+        if quantize is not None and gemm is not None:  # from this shape's second call on
+            _BOUND[key] = quantize, gemm
+    return out.reshape(*lead, n)

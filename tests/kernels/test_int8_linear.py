@@ -102,6 +102,38 @@ def test_the_gemm_stage_gives_the_linear_stage_result_from_quantized_activations
             assert torch.equal(variant.fn(**alone), variant.fn(**full)), (m, name)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("m", "with_bias"), [(16, False), (3, True), (40, False)], ids=str)
+def test_decode_calls_go_straight_to_their_kernels_and_match_triton_s_dispatch(m, with_bias, seed, monkeypatch):
+    """From a decode shape's second call on, its quantize and GEMM launches are bound to their compiled kernels
+    and grids (a model's decode step calls every Linear); they are the kernels Triton's own dispatch picks, so
+    the outputs agree bit for bit, and a bias of another dtype still gives the product."""
+    from microscope_kernels import direct_launch
+    from microscope_kernels.int8_linear import kernel
+
+    x = _randn((m, 768), seed, torch.bfloat16)
+    w_q, w_scale = quantize_per_channel(_randn((259, 768), seed + 1, torch.float32, scale=768**-0.5))
+    bias = _randn((259,), seed + 2, torch.bfloat16) if with_bias else None
+    first = int8_linear(x, w_q, w_scale, bias)
+    bound = kernel._BOUND[(m, 259, 768, torch.bfloat16, with_bias, x.device)]
+    calls = []
+    monkeypatch.setitem(kernel._BOUND, (m, 259, 768, torch.bfloat16, with_bias, x.device),
+                        tuple(lambda *args, b=b: calls.append(1) or b(*args) for b in bound))
+    second = int8_linear(x, w_q, w_scale, bias)
+    assert len(calls) == 2 and kernel._LAUNCH_GEMM.last[1] and kernel._LAUNCH_QUANTIZE.last[1]
+    with monkeypatch.context() as patch:
+        patch.setattr(direct_launch, "ENABLED", False)
+        dispatched = int8_linear(x, w_q, w_scale, bias)
+    assert not kernel._LAUNCH_GEMM.last[1]
+    assert torch.equal(first, second) and torch.equal(second, dispatched)
+    want = int8_linear_reference(x, w_q, w_scale, bias).double()
+    assert torch.allclose(second.double(), want, rtol=0.02, atol=0.02 * float(want.abs().max()))
+    if with_bias:  # a float32 bias: the bound GEMM sees another dtype and steps aside
+        assert torch.allclose(int8_linear(x, w_q, w_scale, bias.float()).double(), want, rtol=0.02,
+                              atol=0.02 * float(want.abs().max()))
+
+
 def test_leading_batch_dims_and_empty_inputs(seed):
     x = _randn((2, 3, 40), seed, torch.float32)
     w_q, w_scale = quantize_per_channel(_randn((9, 40), seed + 1, torch.float32))
