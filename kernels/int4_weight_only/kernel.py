@@ -376,7 +376,7 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
         flags["IEEE"] = x2.dtype == torch.float32
     if interpreting():
         # group 32: tiles of two groups where K allows, so that path is interpreted too
-        kp = args[9]
+        kp = weight.packed.shape[1] * 2
         two_groups = weight.group < 64 and kp % (2 * weight.group) == 0
         cfg = {**_INTERPRET, "SPLIT_K": _INTERPRET["SPLIT_K"] if split else 1,
                "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
@@ -454,8 +454,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
         bound = _BOUND.get(bind)
         if bound is not None:
             return bound(x2, weight, bias).reshape(*lead, n)
-        if not interpreting():
-            return _PATHS[path](x2, weight, bias, bind=bind).reshape(*lead, n)
+        return _PATHS[path](x2, weight, bias, bind=bind).reshape(*lead, n)  # the interpreter binds nothing
     return _PATHS[path](x2, weight, bias).reshape(*lead, n)
 
 
