@@ -7,7 +7,8 @@ Why: a Linear's weight read and its multiply-adds both shrink. The weight is qua
 fits in registers) and runs one GEMM whose accumulator is exact int32, so the only errors are the two
 roundings to int8. The epilogue turns the int32 tile into
 ``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
-intermediate ever reaches memory.
+intermediate ever reaches memory. Decode calls (a few rows) quantize inside the GEMM instead: one launch,
+the same int8 values.
 
 A NaN or Inf in an activation row makes that row's scale NaN, so its outputs are NaN rather than
 silently finite. Under the Triton interpreter small fixed blocks are used.
@@ -84,7 +85,39 @@ def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stri
             b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K),
                         other=0)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-    sa = tl.load(SA + rm, mask=rm < M, other=0.0)
+    _store_rescaled(C, acc, tl.load(SA + rm, mask=rm < M, other=0.0), SB, BIAS, rm, rn, M, N, stride_cm, HAS_BIAS)
+
+
+@triton.jit
+def _int8_decode_kernel(X, B, C, SB, BIAS, M, N, K, stride_xm, stride_bn, stride_cm, HAS_BIAS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The quantize pass and the GEMM in one launch, for decode rows: each program takes its rows' scales (an
+    absmax over all of K: a few KB read again from cache) and quantizes each x tile as it loads it, to the int8
+    values ``quantize_rows`` writes. A decode call is then one launch instead of two, and its host time,
+    not the GPU's, is what a decode step at these sizes waits on."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    in_rows = rm[:, None] < M
+    sa = absmax_scale(X, rm, in_rows, K, stride_xm, BLOCK_M, BLOCK_K)
+    inv = inverse(sa)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            x = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=in_rows, other=0.0)
+            b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=rn[None, :] < N, other=0)
+        else:
+            x = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=in_rows & (kk[None, :] < K), other=0.0)
+            b = tl.load(B + rn[None, :] * stride_bn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K),
+                        other=0)
+        acc = tl.dot(quantized(x.to(tl.float32), inv), b, acc, out_dtype=tl.int32)
+    _store_rescaled(C, acc, sa, SB, BIAS, rm, rn, M, N, stride_cm, HAS_BIAS)
+
+
+@triton.jit
+def _store_rescaled(C, acc, sa, SB, BIAS, rm, rn, M, N, stride_cm, HAS_BIAS: tl.constexpr):
+    """The GEMMs' epilogue: ``acc * sa[m] * SB[n] (+ BIAS[n])`` in C's dtype."""
     sb = tl.load(SB + rn, mask=rn < N, other=0.0)
     out = acc.to(tl.float32) * sa[:, None] * sb[None, :]
     if HAS_BIAS:
@@ -110,9 +143,10 @@ DECODE_ROWS = 64
 #: Launches skip Triton's per-call dispatch after the first call per specialization (direct_launch.py).
 _LAUNCH_QUANTIZE = DirectLauncher(_quantize_rows_kernel)
 _LAUNCH_GEMM = DirectLauncher(_int8_gemm_kernel)
-#: (rows, N, K, dtype, bias, device) -> the quantize and GEMM launches of a decode call, bound to their kernels
-#: and grids (``DirectLauncher.bind``): a model's decode step calls every Linear, a few microseconds of GPU each.
-_BOUND: dict[tuple, tuple[BoundLaunch, BoundLaunch]] = {}
+_LAUNCH_DECODE = DirectLauncher(_int8_decode_kernel)
+#: (rows, N, K, dtype, bias, device) -> the launch of a decode call, bound to its compiled kernel and grid
+#: (``DirectLauncher.bind``): a model's decode step calls every Linear, a few microseconds of GPU each.
+_BOUND: dict[tuple, BoundLaunch] = {}
 
 
 def _quantize_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple[tuple, tuple, dict]:
@@ -179,6 +213,22 @@ def _fixed_gemm_launch(m: int, n: int, k: int, has_bias: bool) -> tuple[tuple, d
                                           "GROUP_M": 8, "EVEN_K": k % bk == 0, "num_warps": warps}
 
 
+def _decode_launch(m: int, n: int, k: int, has_bias: bool) -> tuple[tuple, dict]:
+    """The grid and constants of the one-launch decode kernel: the fixed GEMM blocks over rows and columns."""
+    bm, bn, bk, warps = _blocks(m)
+    return (cdiv(m, bm), cdiv(n, bn)), {"HAS_BIAS": has_bias, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                        "EVEN_K": k % bk == 0, "num_warps": warps}
+
+
+def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                 out: torch.Tensor) -> tuple:
+    """The decode kernel's runtime arguments, in its signature's order (x2 contiguous)."""
+    w_q, w_scale = w_q.contiguous(), w_scale.to(torch.float32).contiguous()
+    m, k = x2.shape
+    return (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, out.shape[1], k, x2.stride(0),
+            w_q.stride(0), out.stride(0))
+
+
 def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """``(x_q @ w_q^T) * x_scale[:, None] * w_scale[None, :] + bias`` in ``out_dtype``, from int8 (M, K)
@@ -202,7 +252,8 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with x quantized per token and W given as int8 (N, K) with per-channel
-    ``w_scale`` (N,): one quantize pass and one GEMM with a fused dequant epilogue; x's dtype out.
+    ``w_scale`` (N,): one quantize pass and one GEMM with a fused dequant epilogue; x's dtype out. Decode
+    rows (up to ``DECODE_ROWS``) take both in one launch (``_int8_decode_kernel``), with the same int8 values.
 
     x may have leading batch dims (..., K); the weight comes from ``reference.quantize_per_channel``.
     """
@@ -216,26 +267,20 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     m = x2.shape[0]
     if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
-    if m > DECODE_ROWS or interpreting():
+    if m > DECODE_ROWS:
         x_q, x_scale = quantize_rows(x2)
         return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)
+    # decode: one launch quantizing and multiplying; from a shape's second call on, bound to its kernel
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    args = _decode_args(x2.contiguous(), w_q, w_scale, bias, out)
     key = (m, n, k, x.dtype, bias is not None, x.device)
     bound = _BOUND.get(key)
-    x2 = x2.contiguous()
-    x_q = torch.empty((m, k), device=x.device, dtype=torch.int8)
-    x_scale = torch.empty((m,), device=x.device, dtype=torch.float32)
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    gemm_args = _gemm_args(x_q, x_scale, w_q, w_scale, bias, out)
-    if bound is not None:  # decode: a shape's later calls go straight to its two kernels
-        bound[0](*_quantize_args(x2, x_q, x_scale))
-        bound[1](*gemm_args)
+    if bound is not None:
+        bound(*args)
     else:
-        quantize_grid, quantize_args, quantize_consts = _quantize_launch(x2, x_q, x_scale)
-        gemm_grid, gemm_consts = _fixed_gemm_launch(m, n, k, bias is not None)
-        _LAUNCH_QUANTIZE(quantize_grid, *quantize_args, **quantize_consts)
-        _LAUNCH_GEMM(gemm_grid, *gemm_args, **gemm_consts)
-        quantize = _LAUNCH_QUANTIZE.bind(quantize_grid, *quantize_args, **quantize_consts)
-        gemm = _LAUNCH_GEMM.bind(gemm_grid, *gemm_args, **gemm_consts)
-        if quantize is not None and gemm is not None:  # from this shape's second call on
-            _BOUND[key] = quantize, gemm
+        grid, consts = _decode_launch(m, n, k, bias is not None)
+        _LAUNCH_DECODE(grid, *args, **consts)
+        bound = _LAUNCH_DECODE.bind(grid, *args, **consts)
+        if bound is not None:  # None under the interpreter
+            _BOUND[key] = bound
     return out.reshape(*lead, n)

@@ -102,13 +102,37 @@ def test_the_gemm_stage_gives_the_linear_stage_result_from_quantized_activations
             assert torch.equal(variant.fn(**alone), variant.fn(**full)), (m, name)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 70, 1000), (5, 33, 64), (40, 129, 300), (64, 17, 513)], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for_bit(m, n, k, dtype, with_bias,
+                                                                                       seed):
+    """Decode rows quantize inside the GEMM (``_int8_decode_kernel``): the same int8 values and scales as
+    ``quantize_rows``, so the same output as the two launches, with ragged K, a zero row and a NaN row."""
+    from microscope_kernels.int8_linear.kernel import int8_gemm
+
+    x = _randn((m, k), seed, dtype, scale=3.0)
+    x[m // 2] = 0
+    if m > 2:
+        x[m - 1, k // 3] = float("nan")
+    w_q, w_scale = quantize_per_channel(_randn((n, k), seed + 1, dtype, scale=k**-0.5))
+    bias = _randn((n,), seed + 2, dtype) if with_bias else None
+    one_launch = int8_linear(x, w_q, w_scale, bias)
+    two_launches = int8_gemm(*quantize_rows(x), w_q, w_scale, bias, dtype)
+    assert one_launch.dtype == dtype and torch.equal(one_launch.isnan(), two_launches.isnan())
+    assert torch.equal(one_launch.nan_to_num(), two_launches.nan_to_num())
+    assert bool(one_launch[m // 2].eq(0 if bias is None else bias).all())  # a zero row: bias alone
+    if m > 2:
+        assert bool(one_launch[m - 1].isnan().all())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(("m", "with_bias"), [(16, False), (3, True), (40, False)], ids=str)
-def test_decode_calls_go_straight_to_their_kernels_and_match_triton_s_dispatch(m, with_bias, seed, monkeypatch):
-    """From a decode shape's second call on, its quantize and GEMM launches are bound to their compiled kernels
-    and grids (a model's decode step calls every Linear); they are the kernels Triton's own dispatch picks, so
-    the outputs agree bit for bit, and a bias of another dtype still gives the product."""
+def test_decode_calls_go_straight_to_their_kernel_and_match_triton_s_dispatch(m, with_bias, seed, monkeypatch):
+    """From a decode shape's second call on, its one launch is bound to its compiled kernel and grid (a model's
+    decode step calls every Linear); that is the kernel Triton's own dispatch picks, so the outputs agree bit
+    for bit, with the two-launch path too, and a bias of another dtype still gives the product."""
     from microscope_kernels import direct_launch
     from microscope_kernels.int8_linear import kernel
 
@@ -116,17 +140,18 @@ def test_decode_calls_go_straight_to_their_kernels_and_match_triton_s_dispatch(m
     w_q, w_scale = quantize_per_channel(_randn((259, 768), seed + 1, torch.float32, scale=768**-0.5))
     bias = _randn((259,), seed + 2, torch.bfloat16) if with_bias else None
     first = int8_linear(x, w_q, w_scale, bias)
-    bound = kernel._BOUND[(m, 259, 768, torch.bfloat16, with_bias, x.device)]
+    key = (m, 259, 768, torch.bfloat16, with_bias, x.device)
+    bound = kernel._BOUND[key]
     calls = []
-    monkeypatch.setitem(kernel._BOUND, (m, 259, 768, torch.bfloat16, with_bias, x.device),
-                        tuple(lambda *args, b=b: calls.append(1) or b(*args) for b in bound))
+    monkeypatch.setitem(kernel._BOUND, key, lambda *args: calls.append(1) or bound(*args))
     second = int8_linear(x, w_q, w_scale, bias)
-    assert len(calls) == 2 and kernel._LAUNCH_GEMM.last[1] and kernel._LAUNCH_QUANTIZE.last[1]
+    assert len(calls) == 1 and kernel._LAUNCH_DECODE.last[1]
     with monkeypatch.context() as patch:
         patch.setattr(direct_launch, "ENABLED", False)
         dispatched = int8_linear(x, w_q, w_scale, bias)
-    assert not kernel._LAUNCH_GEMM.last[1]
-    assert torch.equal(first, second) and torch.equal(second, dispatched)
+    assert not kernel._LAUNCH_DECODE.last[1]
+    two_launches = kernel.int8_gemm(*quantize_rows(x), w_q, w_scale, bias, torch.bfloat16)
+    assert torch.equal(first, second) and torch.equal(second, dispatched) and torch.equal(second, two_launches)
     want = int8_linear_reference(x, w_q, w_scale, bias).double()
     assert torch.allclose(second.double(), want, rtol=0.02, atol=0.02 * float(want.abs().max()))
     if with_bias:  # a float32 bias: the bound GEMM sees another dtype and steps aside
