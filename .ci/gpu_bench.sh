@@ -10,7 +10,7 @@
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (every config with a bench profile), each under its own time limit;
 # a room that does not fit the time left is skipped. Outputs in $OUT: consoles.tgz (each step's console,
-# whose bench table is the room's figures), runs.tgz (records, comparison, groups), records.jsonl.gz (the records
+# whose bench table is the room's figures), runs.tgz (records, comparison, groups, run.json), records.jsonl.gz (the records
 # without per-token arrays), workers.tgz (worker logs with the
 # start of each phase of each case), summary.txt (last).
 set -u
@@ -89,11 +89,17 @@ for extra in ${EXTRA:-}; do
     "${profiles[@]}" "${sets[@]}" --out "$WORK/runs" --no-report --no-progress
 done
 cd "$WORK" || exit 1
-# records apart from the worker logs: a model-level run's logs put one archive over the 16 MiB a file may
-# bring back, and the records with it
-find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl \) | tar czf "$OUT/runs.tgz" -T -
+# records apart from the worker logs (a model-level run's logs put one archive over the 16 MiB a file may bring
+# back, and the records with it), and each run's run.json: a run cut short at its step limit goes on in a later
+# call once runs.tgz is unpacked in the tree (scratch/ travels with it) and its command repeated with
+# --resume <its folder>. An archive over 15 MiB comes back in parts: cat runs.tgz.part-* | tar xz
+find runs \( -name records.jsonl -o -name comparison.csv -o -name groups.jsonl -o -name run.json \) |
+  tar czf "$OUT/runs.tgz" -T -
+if [ "$(stat -c %s "$OUT/runs.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+  split -b 15M "$OUT/runs.tgz" "$OUT/runs.tgz.part-" && rm "$OUT/runs.tgz"
+fi
 find runs -name 'worker-*.log' | tar czf "$OUT/workers.tgz" -T -
-# and the records without their per-token arrays: they come back where runs.tgz is too large to
+# and the records without their per-token arrays, small enough to read at once
 python3 "$REPO/.ci/compact_records.py" runs "$OUT/records.jsonl" && gzip -f "$OUT/records.jsonl"
 tar czf "$OUT/consoles.tgz" ./*.txt
 # where each worker's time went and why a worker was replaced (a leak note names what stayed allocated)
