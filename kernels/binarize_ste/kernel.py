@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma
+from microscope_kernels.linear_bias import checked_bias
 
 from microscope.api import interpreting
 
@@ -66,6 +67,7 @@ def binary_linear_packed(x: torch.Tensor, packed: torch.Tensor, alpha: torch.Ten
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m, n = x2.shape[0], packed.shape[0]
+    bias = checked_bias(bias, n, x.device)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0 or n == 0:
         return out.reshape(*lead, n)

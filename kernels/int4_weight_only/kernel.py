@@ -46,6 +46,7 @@ import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.fp32_dot import mma
+from microscope_kernels.linear_bias import checked_bias
 
 from microscope.api import interpreting
 
@@ -438,6 +439,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     out, x of shape (..., K)."""
     if x.shape[-1] != weight.k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {weight.k}")
+    bias = checked_bias(bias, weight.n, x.device)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, weight.k).contiguous()
     m, n = x2.shape[0], weight.n

@@ -22,6 +22,7 @@ import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
+from microscope_kernels.linear_bias import checked_bias
 
 from microscope.api import interpreting
 
@@ -262,6 +263,7 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     n, k = w_q.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
+    bias = checked_bias(bias, n, x.device)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma
+from microscope_kernels.linear_bias import checked_bias
 
 from microscope.api import interpreting
 
@@ -61,6 +62,7 @@ def block_sparse_linear(x: torch.Tensor, weight: torch.Tensor, index: torch.Tens
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
+    bias = checked_bias(bias, n, x.device)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
