@@ -427,6 +427,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximat
     if weight.shape != (n,) or bias.shape != (n,):
         raise ValueError(f"weight and bias must have shape ({n},), got "
                          f"{tuple(weight.shape)}, {tuple(bias.shape)}")
+    if weight.device != x.device or bias.device != x.device:
+        raise ValueError(f"weight and bias must be on the input's device {x.device}, got {weight.device}, "
+                         f"{bias.device}")
 
 
 def _consts(n: int, approximate: str, device: torch.device) -> dict:
@@ -581,6 +584,7 @@ def layernorm_gelu(
     ``plan`` forces the forward's launch plan (a launch study), else the tuned one is used.
     """
     _check(x, weight, bias, approximate)
+    weight, bias = weight.contiguous(), bias.contiguous()  # the kernels read them at unit stride
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
     if needs_grad:
         return _LayerNormGelu.apply(x, weight, bias, eps, approximate, plan)

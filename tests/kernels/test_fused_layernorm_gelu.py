@@ -99,6 +99,18 @@ def test_strided_inputs_match_their_contiguous_copies(layout, seed):
         assert torch.allclose(a, c, rtol=1e-6, atol=1e-6), f"{name}, {layout}, seed {seed}"
 
 
+def test_strided_weight_and_bias_match_their_contiguous_copies(seed):
+    """The kernels read weight and bias at unit stride: views of every other element are copied first, and the
+    output and the gradients (which reach the views) are those of contiguous parameters."""
+    x, w, b, dy = make_inputs((21, 300), seed)
+    w2, b2 = (torch.stack([t, torch.randn_like(t)], dim=1).reshape(-1)[::2] for t in (w, b))
+    assert not w2.is_contiguous() and torch.equal(w2, w) and torch.equal(b2, b)
+    got = run(layernorm_gelu, x, w2, b2, dy, "tanh", torch.float32)
+    want = run(layernorm_gelu, x, w, b, dy, "tanh", torch.float32)
+    for name, a, c in zip(("y", "dx", "dweight", "dbias"), got, want):
+        assert torch.equal(a, c), name
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_large_offset_and_magnitude(dtype, seed):
     """A mean of 300 over a spread of 1 (fp32 would cancel with a one-pass E[x^2] - E[x]^2 variance),
@@ -224,6 +236,8 @@ def test_rejects_bad_arguments():
         layernorm_gelu(x, w, w, 1e-5, "erf")
     with pytest.raises(ValueError, match="shape"):
         layernorm_gelu(x, w[:4], w, 1e-5, "tanh")
+    with pytest.raises(ValueError, match="the input's device"):
+        layernorm_gelu(x, w, w.to("meta"), 1e-5, "tanh")
 
 
 def test_gpu_tile_shape_keeps_sixteen_values_per_thread():
