@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma
-from microscope_kernels.linear_bias import checked_bias
+from microscope_kernels.input_checks import check_float_input, checked_bias
 
 from microscope.api import interpreting
 
@@ -59,6 +59,7 @@ def _blocks(m: int) -> tuple[int, int, int, int]:
 def binary_linear_packed(x: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, k: int,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ (alpha * sign(W))^T + bias`` from ``reference.pack_signs``'s words; x (..., K), x's dtype out."""
+    check_float_input("binary_linear", x)
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")
     if packed.dtype != torch.int32 or packed.dim() != 2 or packed.shape[1] * WORD < k:

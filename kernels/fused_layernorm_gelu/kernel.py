@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 import triton.testing
 from microscope_kernels.direct_launch import DirectLauncher, cdiv, next_power_of_2
+from microscope_kernels.input_checks import check_float_input
 
 from microscope.api import interpreting
 
@@ -419,6 +420,7 @@ def _as_input(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
+    check_float_input("layernorm_gelu", x)
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
     n = x.shape[-1]

@@ -46,7 +46,7 @@ import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.fp32_dot import mma
-from microscope_kernels.linear_bias import checked_bias
+from microscope_kernels.input_checks import check_float_input, checked_bias
 
 from microscope.api import interpreting
 
@@ -437,6 +437,7 @@ def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call r
 def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with W stored as group-wise 4-bit values (``reference.quantize_int4``); x's dtype
     out, x of shape (..., K)."""
+    check_float_input("int4_linear", x)
     if x.shape[-1] != weight.k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {weight.k}")
     bias = checked_bias(bias, weight.n, x.device)

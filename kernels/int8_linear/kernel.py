@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
+from microscope_kernels.input_checks import check_float_input, checked_bias
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
-from microscope_kernels.linear_bias import checked_bias
 
 from microscope.api import interpreting
 
@@ -260,6 +260,7 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     """
     if w_q.dtype != torch.int8 or w_q.dim() != 2:
         raise TypeError(f"w_q must be a 2-D int8 tensor (N, K), got {w_q.dtype} of shape {tuple(w_q.shape)}")
+    check_float_input("int8_linear", x)
     n, k = w_q.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma
-from microscope_kernels.linear_bias import checked_bias
+from microscope_kernels.input_checks import check_float_input, checked_bias
 
 from microscope.api import interpreting
 
@@ -59,6 +59,7 @@ def block_index(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def block_sparse_linear(x: torch.Tensor, weight: torch.Tensor, index: torch.Tensor, count: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` reading only the K blocks ``index``/``count`` list per output strip of W."""
+    check_float_input("block_sparse_linear", x)
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, the weight {k}")

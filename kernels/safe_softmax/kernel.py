@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
+from microscope_kernels.input_checks import check_float_input
 
 from microscope.api import interpreting
 
@@ -259,13 +260,14 @@ def _finish(out: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> torch.T
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
+    t2 = t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # not -1: rows of no columns are a shape too
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 # -- launchers ------------------------------------------------------------------------------------
 def softmax_forward(x: torch.Tensor, max_single_pass_cols: int = SINGLE_PASS_MAX_COLS) -> torch.Tensor:
     """Launch the forward over the last dim; ``max_single_pass_cols`` (tests) forces the chunked path."""
+    check_float_input("safe_softmax", x)
     x2 = _rows(x)
     m, n = x2.shape
     y = _output_buffer(x2)
