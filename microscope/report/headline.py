@@ -155,6 +155,9 @@ def _latency_sentence(rows: pd.DataFrame, base: str, cand: str, relative: bool =
         spread = fmt.span(_speedups(slower, False), fmt.times)
         lead = "slower in" if parts else f"{cand} slower than {base} in"
         parts.append(f"{lead} {len(slower)}/{n} {unit}" + (f" ({spread} slower)" if spread else ""))
+    if not parts and n and (judged["verdict"] == "identical").all():  # the same numbers on both sides
+        parts.append(f"{cand} vs {base}: identical latency in {n} {unit}")
+        return ", ".join(parts) + _interpreted_note(judged), ("faster", "slower", "identical")
     if not parts and n:
         measured = [r for r in ratios(judged) if r > 0]
         spread = fmt.span(measured, fmt.times)

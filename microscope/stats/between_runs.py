@@ -13,6 +13,8 @@ with side B (n_b runs) is a two-sample test on those values:
 * one side with a single run: the between-run noise ``sigma`` must come from elsewhere (the other
   side's repeats, or the history store's runs of the same machine), then a z interval with that
   sigma; with no estimate at all the verdict is "inconclusive" and says how to get one;
+* every run of both sides with the same value (a run compared with itself, a deterministic metric):
+  "identical", whatever the number of runs;
 * the noise band ``tau = max(min_band, exp(2 sigma sqrt(1/n_a + 1/n_b)) - 1)``: the change two groups
   of this size show under pure between-run noise (the A/A spread of the within-run rule, at the run
   level). "faster"/"slower" need p < alpha AND the whole CI beyond the band; "equivalent" needs the
@@ -97,6 +99,10 @@ def compare_between_runs(
     if xa.size == 0 or xb.size == 0:
         return BetweenRuns("inconclusive", nan, nan, nan, nan, nan, "none", min_band, int(xa.size), int(xb.size),
                            log, ("no usable value on one side",))
+    if np.ptp(np.concatenate([xa, xb])) == 0:  # e.g. a run compared with itself: the numbers say it all
+        return BetweenRuns("identical", to_effect(0.0), to_effect(0.0), to_effect(0.0), 1.0, 0.0,
+                           "repeats" if xa.size >= 2 and xb.size >= 2 else "none", min_band, int(xa.size),
+                           int(xb.size), log, ("every run of both sides gave the same value",))
     d = float(xb.mean() - xa.mean())
     if xa.size >= 2 and xb.size >= 2:
         sigma, source = _pooled(xa, xb), "repeats"

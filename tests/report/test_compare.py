@@ -9,6 +9,7 @@ import pytest
 from report_fixtures import ENV_GPU, Spec, make_run
 
 from microscope.report.compare import CompareError, adjust, compare_gate, compare_runs, holm
+from microscope.report.headline import from_comparison
 from microscope.report.publish import compare_command
 
 COMMIT_B = "fedcba9876543210fedcba9876543210fedcba98"
@@ -40,6 +41,21 @@ def test_one_run_per_side_cannot_call_a_latency_difference(tmp_path: Path) -> No
     assert not set(table["metric"]) & {"tflops", "gbps"}  # derived from latency: not repeated
     assert _row(table, "triton", "seq=2048,bf16", "latency_ms")["verdict"] == "failed"
     assert _row(table, "sdpa", "seq=512,bf16", "latency_ms")["verdict"] == "skipped"
+
+
+def test_a_run_compared_with_itself_is_identical_not_inconclusive(tmp_path: Path) -> None:
+    """The same numbers on both sides leave nothing to test: every measured latency is "identical" (memory
+    "same"), where one run per side otherwise has no noise estimate and stays inconclusive."""
+    a = make_run(tmp_path / "a", Spec(run_id="main-run", speedup=2.5, seed=1))
+    table = compare_runs(a, a).comparison
+    latency = table[(table["metric"] == "latency_ms") & ~table["verdict"].isin(["failed", "skipped", "not judged"])]
+    assert len(latency) == 6 and set(latency["verdict"]) == {"identical"}
+    assert set(latency["ratio_or_delta"]) == {1.0}
+    assert "every run of both sides gave the same value" in latency.iloc[0]["notes"]
+    assert _row(table, "triton", "seq=512,bf16", "peak_bytes")["verdict"] == "same"
+    assert compare_gate(table).exit_code == 0
+    texts = [h.text for h in from_comparison(table) if h.dimension == "throughput"]
+    assert "eager (B) vs eager (A): identical latency in 4 cases" in texts, texts
 
 
 def test_repeated_runs_find_a_planted_slowdown_and_not_an_aa_difference(tmp_path: Path) -> None:
