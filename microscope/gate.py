@@ -145,7 +145,12 @@ def _failed_trials(records: pd.DataFrame, out: GateResult) -> None:
     if not len(failed):
         return
     counts = Counter(str(v) for v in failed["variant"])
-    who = ", ".join(f"{v} {n}" for v, n in counts.most_common(4))
+    shown = counts.most_common(4)
+    who = ", ".join(f"{v} {n}" for v, n in shown)
+    if len(counts) > len(shown):  # the parenthesis must add up to the count it explains
+        rest = counts.total() - sum(n for _, n in shown)
+        more = len(counts) - len(shown)
+        who += f", {rest} in {more} more variant{'s' if more != 1 else ''}"
     out.failures.append(f"{len(failed)} failed trial record(s) ({who})")
 
 

@@ -21,6 +21,14 @@ def test_failed_trials_fail_the_gate_even_without_comparisons():
     assert result.exit_code == EXIT_FAILED and "1 failed trial record(s) (cand 1)" in result.summary()
 
 
+def test_the_failed_trials_named_add_up_to_their_count():
+    """Five variants failed, 15 records: the four most frequent are named and the rest counted, not dropped."""
+    failed = (("aborts", 3), ("hangs", 3), ("segfaults", 4), ("oom", 4), ("asserts", 1))
+    records = pd.DataFrame([{"variant": v, "status": "failed"} for v, n in failed for _ in range(n)])
+    summary = evaluate(pd.DataFrame(), records).summary()
+    assert "15 failed trial record(s) (segfaults 4, oom 4, aborts 3, hangs 3, 1 in 1 more variant)" in summary
+
+
 def _accuracy_rows(verdicts: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame([{**dict.fromkeys(TABLE_COLUMNS, ""), "candidate": "cand", "role": "candidate",
                           "dimension": "accuracy", "metric": "out.rel_err", "case_id": case, "verdict": verdict,
