@@ -150,25 +150,6 @@ _LAUNCH_DECODE = DirectLauncher(_int8_decode_kernel)
 _BOUND: dict[tuple, BoundLaunch] = {}
 
 
-def _quantize_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple[tuple, tuple, dict]:
-    """The quantize kernel's grid, runtime arguments and constants for contiguous (M, K) rows: the interpreter
-    pays per program, so it takes many rows at once; a GPU one row per program, the whole row at once where
-    it fits."""
-    m, k = x.shape
-    if interpreting():
-        rows, block, warps = 32, 64, 4
-    else:
-        rows, block = 1, min(ONE_PASS_COLUMNS, next_power_of_2(max(k, 16)))
-        warps = 8 if block >= 4096 else 4
-    return (cdiv(m, rows),), _quantize_args(x, q, scale), {"BLOCK_M": rows, "BLOCK_K": block, "ONE_PASS": k <= block,
-                                                          "num_warps": warps}
-
-
-def _quantize_args(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple:
-    """The quantize kernel's runtime arguments, in its signature's order."""
-    return x, q, scale, x.shape[0], x.shape[1], x.stride(0), q.stride(0)
-
-
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 (M, K), scale float32 (M,)) of a 2-D tensor, symmetric per row, in one Triton pass."""
     if x.dim() != 2:
@@ -178,8 +159,15 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), device=x.device, dtype=torch.int8)
     scale = torch.empty((m,), device=x.device, dtype=torch.float32)
     if m:
-        grid, args, consts = _quantize_launch(x, q, scale)
-        _LAUNCH_QUANTIZE(grid, *args, **consts)
+        # the interpreter pays per program, so it takes many rows at once; a GPU one row per program, the
+        # whole row at once where it fits
+        if interpreting():
+            rows, block, warps = 32, 64, 4
+        else:
+            rows, block = 1, min(ONE_PASS_COLUMNS, next_power_of_2(max(k, 16)))
+            warps = 8 if block >= 4096 else 4
+        _LAUNCH_QUANTIZE((cdiv(m, rows),), x, q, scale, m, k, x.stride(0), q.stride(0), BLOCK_M=rows,
+                         BLOCK_K=block, ONE_PASS=k <= block, num_warps=warps)
     return q, scale
 
 
@@ -194,40 +182,19 @@ def _blocks(m: int) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _gemm_args(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-               bias: torch.Tensor | None, out: torch.Tensor) -> tuple:
-    """The GEMM kernel's runtime arguments, operands made contiguous and scales float32 as it reads them."""
-    x_q, w_q = x_q.contiguous(), w_q.contiguous()
-    x_scale, w_scale = x_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
-    m, k = x_q.shape
-    return (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, out.shape[1], k,
-            x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
-
-
-def _fixed_gemm_launch(m: int, n: int, k: int, has_bias: bool) -> tuple[tuple, dict] | None:
-    """The grid and constants of the GEMM with fixed blocks (decode rows, the interpreter); None: autotuned."""
+def _fixed_consts(m: int, k: int, has_bias: bool) -> dict | None:
+    """The constants of both GEMM kernels with fixed blocks (decode rows, the interpreter); None: autotuned."""
     fixed = _blocks(m)
     if fixed is None:
         return None
     bm, bn, bk, warps = fixed
-    return (cdiv(m, bm) * cdiv(n, bn),), {"HAS_BIAS": has_bias, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                          "GROUP_M": 8, "EVEN_K": k % bk == 0, "num_warps": warps}
+    return {"HAS_BIAS": has_bias, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": k % bk == 0,
+            "num_warps": warps}
 
 
-def _decode_launch(m: int, n: int, k: int, has_bias: bool) -> tuple[tuple, dict]:
-    """The grid and constants of the one-launch decode kernel: the fixed GEMM blocks over rows and columns."""
-    bm, bn, bk, warps = _blocks(m)
-    return (cdiv(m, bm), cdiv(n, bn)), {"HAS_BIAS": has_bias, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                        "EVEN_K": k % bk == 0, "num_warps": warps}
-
-
-def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                 out: torch.Tensor) -> tuple:
-    """The decode kernel's runtime arguments, in its signature's order (x2 contiguous)."""
-    w_q, w_scale = w_q.contiguous(), w_scale.to(torch.float32).contiguous()
-    m, k = x2.shape
-    return (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, out.shape[1], k, x2.stride(0),
-            w_q.stride(0), out.stride(0))
+def _weight_args(w_q: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and its scales as both GEMM kernels read them: contiguous, the scales float32."""
+    return w_q.contiguous(), w_scale.to(torch.float32).contiguous()
 
 
 def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -240,13 +207,16 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
     if m == 0 or n == 0:
         return out
-    args = _gemm_args(x_q, x_scale, w_q, w_scale, bias, out)
-    fixed = _fixed_gemm_launch(m, n, k, bias is not None)
-    if fixed is None:
+    x_q, x_scale = x_q.contiguous(), x_scale.to(torch.float32).contiguous()
+    w_q, w_scale = _weight_args(w_q, w_scale)
+    args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
+            x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
+    consts = _fixed_consts(m, k, bias is not None)
+    if consts is None:
         grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
     else:
-        _LAUNCH_GEMM(fixed[0], *args, **fixed[1])
+        _LAUNCH_GEMM((cdiv(m, consts["BLOCK_M"]) * cdiv(n, consts["BLOCK_N"]),), *args, **consts, GROUP_M=8)
     return out
 
 
@@ -274,14 +244,18 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         x_q, x_scale = quantize_rows(x2)
         return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)
     # decode: one launch quantizing and multiplying; from a shape's second call on, bound to its kernel
+    x2 = x2.contiguous()
+    w_q, w_scale = _weight_args(w_q, w_scale)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    args = _decode_args(x2.contiguous(), w_q, w_scale, bias, out)
+    args = (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, n, k, x2.stride(0), w_q.stride(0),
+            out.stride(0))
     key = (m, n, k, x.dtype, bias is not None, x.device)
     bound = _BOUND.get(key)
     if bound is not None:
         bound(*args)
     else:
-        grid, consts = _decode_launch(m, n, k, bias is not None)
+        consts = _fixed_consts(m, k, bias is not None)
+        grid = (cdiv(m, consts["BLOCK_M"]), cdiv(n, consts["BLOCK_N"]))
         _LAUNCH_DECODE(grid, *args, **consts)
         bound = _LAUNCH_DECODE.bind(grid, *args, **consts)
         if bound is not None:  # None under the interpreter
