@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from microscope_kernels.input_checks import FLOAT_DTYPES
 
 from microscope.api import Ablation, Case, Tolerance, call_as_timed
 
@@ -17,7 +18,6 @@ ATTENTION_TOLERANCE = {
     "fp16": Tolerance(rtol=2e-2, atol=2e-3, ref_factor=4, max_mismatch=1e-3),
     "bf16": Tolerance(rtol=6e-2, atol=1e-2, ref_factor=4, max_mismatch=1e-3),
 }
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: float64 scores a chunked ground truth holds per step (1 GiB): a long case's truth fits beside the variants'
 #: buffers, where the plain baseline on float64 copies would hold B*H*Sq*Sk scores (and their softmax) at once.
 TRUTH_SCORES = 1 << 27
@@ -53,7 +53,7 @@ def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head
                          f"v{tuple(v.shape)}")
     if q.shape[3] not in head_dims:
         raise ValueError(f"{name} supports head dims {tuple(head_dims)}, got {q.shape[3]}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} needs q, k, v of one dtype among fp32/fp16/bf16, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
     if not (q.device == k.device == v.device):

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from microscope_kernels.fp32_dot import mma as _mma
 from microscope_kernels.fp32_dot import round_to as _round
+from microscope_kernels.input_checks import FLOAT_DTYPES
 
 from microscope.api import interpreting
 
@@ -49,7 +50,6 @@ __all__ = ["SUPPORTED_CHUNKS", "SUPPORTED_DIMS", "LinearAttentionFn", "linear_at
 SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 #: Chunk lengths C (the intra-chunk product is a C x C tile).
 SUPPORTED_CHUNKS = (16, 32, 64, 128)
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Lengths only bound loops and masks: specializing on them would recompile for every sequence length.
 _NO_SPECIALIZE = ["Sq", "Sk", "NC"]
 
@@ -458,7 +458,7 @@ def _check_inputs(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, scale: to
     if fq.shape[3] not in SUPPORTED_DIMS or v.shape[3] not in SUPPORTED_DIMS:
         raise ValueError(f"linear_attention supports feature and head dims {SUPPORTED_DIMS}, got F={fq.shape[3]}, "
                          f"D={v.shape[3]}")
-    if not (fq.dtype == fk.dtype == v.dtype) or fq.dtype not in _DTYPES:
+    if not (fq.dtype == fk.dtype == v.dtype) or fq.dtype not in FLOAT_DTYPES:
         raise ValueError(f"linear_attention needs fq, fk, v of one dtype among fp32/fp16/bf16, got {fq.dtype}, "
                          f"{fk.dtype}, {v.dtype}")
     if not (fq.device == fk.device == v.device):
