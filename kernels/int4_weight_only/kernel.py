@@ -36,8 +36,6 @@ the faster whole call is kept per shape.
 from __future__ import annotations
 
 import functools
-import logging
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -47,13 +45,11 @@ from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.fp32_dot import mma
 from microscope_kernels.input_checks import check_float_input, checked_bias
+from microscope_kernels.path_choice import fastest_path
 
 from microscope.api import interpreting
 
 from .reference import Int4Weight
-
-#: Which path each shape keeps, with the timings (a worker's log shows it; see ``_fastest``).
-_LOG = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -306,7 +302,7 @@ def _prune_vector(configs: list[triton.Config], named_args: dict, **kwargs) -> l
 _KEY = ["M_BUCKET", "N", "K", "GROUP"]
 _PRUNE = {"early_config_prune": _prune}
 #: Decode in two paths: one program per output tile writing x's dtype (one launch), or K split over
-#: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``_fastest`` times both.
+#: programs adding into a zeroed float32 buffer (three launches: zero, GEMM, cast). ``fastest_path`` times both.
 _DECODE_DIRECT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] == 1], key=_KEY,
                                  do_bench=bench_candidate, prune_configs_by=_PRUNE)(_int4_gemm_kernel)
 _DECODE_SPLIT = triton.autotune([c for c in _configs(True) if c.kwargs["SPLIT_K"] > 1], key=_KEY, reset_to_zero=["C"],
@@ -414,26 +410,6 @@ def _bound_gemm(launch: BoundLaunch, x2: torch.Tensor, weight: Int4Weight, bias:
     return out if out.dtype == x2.dtype else out.to(x2.dtype)
 
 
-def _fastest(key: tuple, paths: dict) -> str:  # noqa: ANN001 - name -> a call returning the output
-    """The path whose whole call (zeroing, casts and second kernels included) is the fastest for this shape
-    on this GPU, each autotuned then timed once; remembered for the process. A path other than the first
-    that fails here is left out with a warning (the first path's own failure is the call's)."""
-    if key not in _FASTEST:
-        times = {}
-        for index, (name, call) in enumerate(paths.items()):
-            try:
-                times[name] = triton.testing.do_bench(call, warmup=5, rep=20)
-            except Exception as exc:  # noqa: BLE001 - a compile or launch failure of an alternative
-                if index == 0:
-                    raise
-                warnings.warn(f"int4_linear: the {name} path failed on this GPU and is left out: {exc}",
-                              stacklevel=3)
-        _FASTEST[key] = min(times, key=times.__getitem__)
-        timed = ", ".join(f"{name} {ms * 1000:.1f} us" for name, ms in times.items())
-        _LOG.info(f"int4_linear {key}: the {_FASTEST[key]} path ({timed})")
-    return _FASTEST[key]
-
-
 def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with W stored as group-wise 4-bit values (``reference.quantize_int4``); x's dtype
     out, x of shape (..., K)."""
@@ -451,7 +427,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
     if path is None:
         paths = offered_paths(x2, weight, bias)
         # not timed under the interpreter: the first path unless set
-        path = next(iter(paths)) if interpreting() else _fastest(key, paths)
+        path = next(iter(paths)) if interpreting() else fastest_path(_FASTEST, key, paths, "int4_linear")
     elif m <= DECODE_ROWS:  # decode: the path's kernel, config and grid are fixed by the exact shape from here on
         bind = (key, path, m, weight.packed.stride(0), x2.device)
         bound = _BOUND.get(bind)

@@ -7,14 +7,17 @@ Why: a Linear's weight read and its multiply-adds both shrink. The weight is qua
 fits in registers) and runs one GEMM whose accumulator is exact int32, so the only errors are the two
 roundings to int8. The epilogue turns the int32 tile into
 ``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
-intermediate ever reaches memory. Decode calls (a few rows) quantize inside the GEMM instead: one launch,
-the same int8 values.
+intermediate ever reaches memory. Decode calls (a few rows) may quantize inside the GEMM instead: one launch,
+the same int8 values, at the price of each program reading its rows of x twice (once for their absmax); which
+of the two whole calls a decode shape takes is timed once on the GPU (``path_choice``).
 
 A NaN or Inf in an activation row makes that row's scale NaN, so its outputs are NaN rather than
 silently finite. Under the Triton interpreter small fixed blocks are used.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -23,6 +26,7 @@ from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
 from microscope_kernels.input_checks import check_float_input, checked_bias
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
+from microscope_kernels.path_choice import fastest_path
 
 from microscope.api import interpreting
 
@@ -148,6 +152,8 @@ _LAUNCH_DECODE = DirectLauncher(_int8_decode_kernel)
 #: (rows, N, K, dtype, bias, device) -> the launch of a decode call, bound to its compiled kernel and grid
 #: (``DirectLauncher.bind``): a model's decode step calls every Linear, a few microseconds of GPU each.
 _BOUND: dict[tuple, BoundLaunch] = {}
+#: That key -> the decode call that was the faster on this GPU: ``one_launch`` or ``two_launches``.
+_DECODE_PATH: dict[tuple, str] = {}
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,7 +230,8 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with x quantized per token and W given as int8 (N, K) with per-channel
     ``w_scale`` (N,): one quantize pass and one GEMM with a fused dequant epilogue; x's dtype out. Decode
-    rows (up to ``DECODE_ROWS``) take both in one launch (``_int8_decode_kernel``), with the same int8 values.
+    rows (up to ``DECODE_ROWS``) may take both in one launch (``_int8_decode_kernel``), with the same int8
+    values, where that whole call is the faster on the GPU.
 
     x may have leading batch dims (..., K); the weight comes from ``reference.quantize_per_channel``.
     """
@@ -241,23 +248,62 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     if m == 0 or n == 0:
         return torch.empty((*lead, n), device=x.device, dtype=x.dtype)
     if m > DECODE_ROWS:
-        x_q, x_scale = quantize_rows(x2)
-        return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype).reshape(*lead, n)
-    # decode: one launch quantizing and multiplying; from a shape's second call on, bound to its kernel
-    x2 = x2.contiguous()
-    w_q, w_scale = _weight_args(w_q, w_scale)
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    args = (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, n, k, x2.stride(0), w_q.stride(0),
-            out.stride(0))
+        return _two_launches(x2, w_q, w_scale, bias).reshape(*lead, n)
     key = (m, n, k, x.dtype, bias is not None, x.device)
-    bound = _BOUND.get(key)
+    bound = _BOUND.get(key)  # a decode shape's later calls: straight to the kernel its first call compiled
     if bound is not None:
-        bound(*args)
-    else:
-        consts = _fixed_consts(m, k, bias is not None)
-        grid = (cdiv(m, consts["BLOCK_M"]), cdiv(n, consts["BLOCK_N"]))
-        _LAUNCH_DECODE(grid, *args, **consts)
+        x2 = x2.contiguous()
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+        bound(*_decode_args(x2, w_q, w_scale, bias, out))
+        return out.reshape(*lead, n)
+    path = _DECODE_PATH.get(key)
+    if path is None:
+        if interpreting():  # not timed: the one launch, whose equality to the two launches the tests check
+            path = "one_launch"
+        else:
+            paths = {name: functools.partial(call, x2, w_q, w_scale, bias) for name, call in _DECODE_PATHS.items()}
+            path = fastest_path(_DECODE_PATH, key, paths, "int8_linear")
+    if path == "two_launches":
+        return _two_launches(x2, w_q, w_scale, bias).reshape(*lead, n)
+    return _one_launch(x2, w_q, w_scale, bias, bind=key).reshape(*lead, n)
+
+
+def _two_launches(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """The quantize pass, then the GEMM with its epilogue: (M, K) in, (M, N) in x's dtype out."""
+    x_q, x_scale = quantize_rows(x2)
+    return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x2.dtype)
+
+
+def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                 out: torch.Tensor) -> tuple:
+    """``_int8_decode_kernel``'s runtime arguments, in its signature's order (x2 contiguous)."""
+    w_q, w_scale = _weight_args(w_q, w_scale)
+    m, k = x2.shape
+    n = w_q.shape[0]
+    return (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, n, k, x2.stride(0), w_q.stride(0),
+            out.stride(0))
+
+
+def _one_launch(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                bind: tuple | None = None) -> torch.Tensor:
+    """Decode rows quantized inside the GEMM (``_int8_decode_kernel``); with ``bind`` (the shape's key), later
+    calls of that key go straight to the compiled kernel (``_BOUND``)."""
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    n = w_q.shape[0]
+    out = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
+    args = _decode_args(x2, w_q, w_scale, bias, out)
+    consts = _fixed_consts(m, k, bias is not None)
+    grid = (cdiv(m, consts["BLOCK_M"]), cdiv(n, consts["BLOCK_N"]))
+    _LAUNCH_DECODE(grid, *args, **consts)
+    if bind is not None:
         bound = _LAUNCH_DECODE.bind(grid, *args, **consts)
         if bound is not None:  # None under the interpreter
-            _BOUND[key] = bound
-    return out.reshape(*lead, n)
+            _BOUND[bind] = bound
+    return out
+
+
+#: The two ways of making a decode call, by the names ``_DECODE_PATH`` holds; the first is the fallback should
+#: the one launch fail to build on a GPU.
+_DECODE_PATHS = {"two_launches": _two_launches, "one_launch": _one_launch}

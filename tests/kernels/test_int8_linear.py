@@ -106,9 +106,11 @@ def test_the_gemm_stage_gives_the_linear_stage_result_from_quantized_activations
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 70, 1000), (5, 33, 64), (40, 129, 300), (64, 17, 513)], ids=str)
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
 def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for_bit(m, n, k, dtype, with_bias,
-                                                                                       seed):
+                                                                                       seed, monkeypatch):
     """Decode rows quantize inside the GEMM (``_int8_decode_kernel``): the same int8 values and scales as
-    ``quantize_rows``, so the same output as the two launches, with ragged K, a zero row and a NaN row."""
+    ``quantize_rows``, so the same output as the two launches (the path a shape may keep instead), with ragged
+    K, a zero row and a NaN row."""
+    from microscope_kernels.int8_linear import kernel
     from microscope_kernels.int8_linear.kernel import int8_gemm
 
     x = _randn((m, k), seed, dtype, scale=3.0)
@@ -119,6 +121,9 @@ def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for
     bias = _randn((n,), seed + 2, dtype) if with_bias else None
     one_launch = int8_linear(x, w_q, w_scale, bias)
     two_launches = int8_gemm(*quantize_rows(x), w_q, w_scale, bias, dtype)
+    with monkeypatch.context() as patch:  # the path a GPU may time as the faster for this shape
+        patch.setitem(kernel._DECODE_PATH, (m, n, k, dtype, with_bias, x.device), "two_launches")
+        assert torch.equal(int8_linear(x, w_q, w_scale, bias).nan_to_num(), two_launches.nan_to_num())
     assert one_launch.dtype == dtype and torch.equal(one_launch.isnan(), two_launches.isnan())
     assert torch.equal(one_launch.nan_to_num(), two_launches.nan_to_num())
     assert bool(one_launch[m // 2].eq(0 if bias is None else bias).all())  # a zero row: bias alone
@@ -139,8 +144,10 @@ def test_decode_calls_go_straight_to_their_kernel_and_match_triton_s_dispatch(m,
     x = _randn((m, 768), seed, torch.bfloat16)
     w_q, w_scale = quantize_per_channel(_randn((259, 768), seed + 1, torch.float32, scale=768**-0.5))
     bias = _randn((259,), seed + 2, torch.bfloat16) if with_bias else None
-    first = int8_linear(x, w_q, w_scale, bias)
     key = (m, 259, 768, torch.bfloat16, with_bias, x.device)
+    monkeypatch.setitem(kernel._DECODE_PATH, key, "one_launch")  # whichever this GPU would time as the faster
+    monkeypatch.delitem(kernel._BOUND, key, raising=False)
+    first = int8_linear(x, w_q, w_scale, bias)
     bound = kernel._BOUND[key]
     calls = []
     monkeypatch.setitem(kernel._BOUND, key, lambda *args: calls.append(1) or bound(*args))
@@ -157,6 +164,26 @@ def test_decode_calls_go_straight_to_their_kernel_and_match_triton_s_dispatch(m,
     if with_bias:  # a float32 bias: the bound GEMM sees another dtype and steps aside
         assert torch.allclose(int8_linear(x, w_q, w_scale, bias.float()).double(), want, rtol=0.02,
                               atol=0.02 * float(want.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_decode_shape_s_first_call_times_both_paths_and_keeps_one(seed, monkeypatch):
+    """A decode shape's first call on a GPU times the one launch against the two and keeps the faster: later
+    calls give the first call's output, the two launches' output, and only the one launch is bound."""
+    from microscope_kernels.int8_linear import kernel
+
+    x = _randn((16, 4096), seed, torch.bfloat16)
+    w_q, w_scale = quantize_per_channel(_randn((1536, 4096), seed + 1, torch.float32, scale=4096**-0.5))
+    key = (16, 1536, 4096, torch.bfloat16, False, x.device)
+    monkeypatch.delitem(kernel._DECODE_PATH, key, raising=False)
+    monkeypatch.delitem(kernel._BOUND, key, raising=False)
+    first = int8_linear(x, w_q, w_scale)
+    path = kernel._DECODE_PATH[key]
+    assert path in ("one_launch", "two_launches")
+    assert (key in kernel._BOUND) == (path == "one_launch")
+    assert torch.equal(int8_linear(x, w_q, w_scale), first)
+    assert torch.equal(first, kernel.int8_gemm(*quantize_rows(x), w_q, w_scale, None, torch.bfloat16))
 
 
 def test_leading_batch_dims_and_empty_inputs(seed):
