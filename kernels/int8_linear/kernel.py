@@ -254,7 +254,7 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     if bound is not None:
         x2 = x2.contiguous()
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-        bound(*_decode_args(x2, w_q, w_scale, bias, out))
+        bound(*_decode_args(x2, w_q, w_scale, bias, out, m, n, k))
         return out.reshape(*lead, n)
     path = _DECODE_PATH.get(key)
     if path is None:
@@ -276,11 +276,10 @@ def _two_launches(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
 
 
 def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                 out: torch.Tensor) -> tuple:
-    """``_int8_decode_kernel``'s runtime arguments, in its signature's order (x2 contiguous)."""
+                 out: torch.Tensor, m: int, n: int, k: int) -> tuple:
+    """``_int8_decode_kernel``'s runtime arguments, in its signature's order, for an (m, k) contiguous x2 and
+    an (n, k) weight (the sizes passed in: this runs on every decode call)."""
     w_q, w_scale = _weight_args(w_q, w_scale)
-    m, k = x2.shape
-    n = w_q.shape[0]
     return (x2, w_q, out, w_scale, bias if bias is not None else w_scale, m, n, k, x2.stride(0), w_q.stride(0),
             out.stride(0))
 
@@ -293,7 +292,7 @@ def _one_launch(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias
     m, k = x2.shape
     n = w_q.shape[0]
     out = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
-    args = _decode_args(x2, w_q, w_scale, bias, out)
+    args = _decode_args(x2, w_q, w_scale, bias, out, m, n, k)
     consts = _fixed_consts(m, k, bias is not None)
     grid = (cdiv(m, consts["BLOCK_M"]), cdiv(n, consts["BLOCK_N"]))
     _LAUNCH_DECODE(grid, *args, **consts)
