@@ -19,7 +19,10 @@ row of x and a tile of output channels, reads the weight as int32 words of eight
 value with x's matching column, sums each word's eight products, and applies the group's scale and zero point
 once per word, ``scale * (sum(q * x) - zero * sum(x))``: no tile is rearranged for a matrix unit. Each
 thread keeps one float32 sum per word it holds, and these are added up once, after the last tile: summing
-across a group's words in every tile took one cross-lane shuffle per two words.
+across a group's words in every tile took one cross-lane shuffle per two words. Triton software-pipelines
+only loads that feed a dot, so a plain loop waits for each tile's loads and then does its arithmetic; the
+candidates also take the next tile into registers before the current one's arithmetic, or have Triton's
+pipeliner stream tiles through shared memory.
 
 Both kernels turn 4-bit values into floats with integer operations, not with int-to-float conversions: those
 run at a quarter of the FP32 rate on Hopper and, one per weight, cost a decode call more time than reading the
@@ -117,48 +120,43 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
 
 @triton.jit
 def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_wn, stride_cm, M_BUCKET,
-                        GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr):
+                        NIBBLE_MASK, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr = 1,
+                        PREFETCH: tl.constexpr = False):
     """C[m] = dequant(W) @ X[m] (+ BIAS) for the row ``m`` of this program, on CUDA cores, scale and zero
     point applied per word. The packed weight is read as int32 words of eight values (``W32``, column
     ``8 w + j`` at bits ``4 j``), loaded as (channels, groups, words of a group) and unpacked by
     ``_nibble_sixteenths``; the scaled sums stay per (channel, group, word) until the loop ends, so no tile
-    reduces across lanes."""
+    reduces across lanes.
+
+    A plain loop waits for each tile's loads before its arithmetic: Triton pipelines only loads that feed a
+    dot, so nothing overlaps unless asked. ``STAGES`` > 1 has Triton's pipeliner stream tiles ahead through
+    shared memory (asynchronous copies); ``PREFETCH`` loads the next tile into registers before the current
+    one's arithmetic."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     G: tl.constexpr = BLOCK_K // GROUP
     WG: tl.constexpr = GROUP // 8
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rg = tl.arange(0, G)
-    rw = tl.arange(0, WG)
-    rj = tl.arange(0, 8)
-    rows = rn[:, None] < N
     tiles = KP // BLOCK_K
     per_split = tl.cdiv(tiles, SPLIT_K)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, tiles)
+    x_row = X + pid_m * stride_xm
     acc = tl.zeros((BLOCK_N, G, WG), dtype=tl.float32)
-    for t in range(first, last):
-        g = t * G + rg
-        word = g[:, None] * WG + rw[None, :]  # (G, WG): the tile's words in a row
-        words = tl.load(W32 + rn[:, None, None] * stride_wn + word[None, :, :], mask=rows[:, :, None], other=0)
-        col = 8 * word[:, :, None] + rj[None, None, :]  # (G, WG, 8): the column of every value
-        x = tl.load(X + pid_m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # (G, WG) each: the x of value j of every word
-        part = _nibble_sixteenths(words, 0) * x0[None, :, :]
-        part += _nibble_sixteenths(words, 4) * x1[None, :, :]
-        part += _nibble_sixteenths(words, 8) * x2[None, :, :]
-        part += _nibble_sixteenths(words, 12) * x3[None, :, :]
-        part += _nibble_sixteenths(words, 16) * x4[None, :, :]
-        part += _nibble_sixteenths(words, 20) * x5[None, :, :]
-        part += _nibble_sixteenths(words, 24) * x6[None, :, :]
-        part += _nibble_sixteenths(words, 28) * x7[None, :, :]
-        x_word = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # (G, WG): each word's sum of x
-        scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
-        zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
-        # per word: scale * sum((q - zero) x) = 16 scale * part - scale (16 + zero) * x_word
-        a = (16.0 * scale)[:, :, None]
-        b = (scale * (16.0 + zero))[:, :, None]
-        acc += a * part - b * x_word[None, :, :]
+    if PREFETCH:
+        live = (first < last).to(tl.int32)  # a program of no tile loads nothing: its bounds are zero
+        words_next, x_next, scale_next, zero_next = _vector_loads(W32, x_row, S, Z, first, rn, N * live, K * live,
+                                                                  GROUPS, stride_wn, G, WG)
+        for t in range(first, last):
+            words, x, scale, zero = words_next, x_next, scale_next, zero_next
+            live = (t + 1 < last).to(tl.int32)  # past the program's last tile: nothing
+            words_next, x_next, scale_next, zero_next = _vector_loads(W32, x_row, S, Z, t + 1, rn, N * live,
+                                                                      K * live, GROUPS, stride_wn, G, WG)
+            acc = _vector_accumulate(acc, words, x, scale, zero, NIBBLE_MASK)
+    else:
+        for t in tl.range(first, last, num_stages=STAGES):
+            words, x, scale, zero = _vector_loads(W32, x_row, S, Z, t, rn, N, K, GROUPS, stride_wn, G, WG)
+            acc = _vector_accumulate(acc, words, x, scale, zero, NIBBLE_MASK)
     acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # (BLOCK_N,): across lanes once, after the last tile
     if HAS_BIAS:
         if pid_k == 0:
@@ -167,6 +165,41 @@ def _int4_vector_kernel(X, W32, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, s
         tl.store(C + pid_m * stride_cm + rn, acc.to(C.dtype.element_ty), mask=rn < N)
     else:
         tl.atomic_add(C + pid_m * stride_cm + rn, acc, mask=rn < N, sem="relaxed")
+
+
+@triton.jit
+def _vector_loads(W32, x_row, S, Z, t, rn, n_bound, k_bound, GROUPS, stride_wn, G: tl.constexpr, WG: tl.constexpr):
+    """The vector kernel's tile ``t``: words (channels, G, WG), x (G, WG, 8) in its own dtype, scale and zero
+    (channels, G); zeros for channels from ``n_bound`` and columns from ``k_bound`` on (bounds of zero: a
+    prefetch past a program's last tile, which loads nothing)."""
+    rows = rn[:, None] < n_bound
+    g = t * G + tl.arange(0, G)
+    word = g[:, None] * WG + tl.arange(0, WG)[None, :]  # (G, WG): the tile's words in a row
+    words = tl.load(W32 + rn[:, None, None] * stride_wn + word[None, :, :], mask=rows[:, :, None], other=0)
+    col = 8 * word[:, :, None] + tl.arange(0, 8)[None, None, :]  # (G, WG, 8): the column of every value
+    x = tl.load(x_row + col, mask=col < k_bound, other=0.0)
+    scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
+    zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rows, other=0.0)
+    return words, x, scale, zero
+
+
+@triton.jit
+def _vector_accumulate(acc, words, x, scale, zero, NIBBLE_MASK):
+    """``acc`` (channels, G, WG) plus one tile's scaled sums, one per word: ``16 scale * sum((1 + q/16) x) -
+    scale (16 + zero) * sum(x)`` over the word's eight values, which is ``scale * sum((q - zero) x)``."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x.to(tl.float32))  # (G, WG) each: the x of value j of every word
+    part = _nibble_sixteenths(words, 0, NIBBLE_MASK) * x0[None, :, :]
+    part += _nibble_sixteenths(words, 4, NIBBLE_MASK) * x1[None, :, :]
+    part += _nibble_sixteenths(words, 8, NIBBLE_MASK) * x2[None, :, :]
+    part += _nibble_sixteenths(words, 12, NIBBLE_MASK) * x3[None, :, :]
+    part += _nibble_sixteenths(words, 16, NIBBLE_MASK) * x4[None, :, :]
+    part += _nibble_sixteenths(words, 20, NIBBLE_MASK) * x5[None, :, :]
+    part += _nibble_sixteenths(words, 24, NIBBLE_MASK) * x6[None, :, :]
+    part += _nibble_sixteenths(words, 28, NIBBLE_MASK) * x7[None, :, :]
+    x_word = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # (G, WG): each word's sum of x
+    a = (16.0 * scale)[:, :, None]
+    b = (scale * (16.0 + zero))[:, :, None]
+    return acc + a * part - b * x_word[None, :, :]
 
 
 @triton.jit
@@ -183,15 +216,16 @@ def _split8(x):
 
 
 @triton.jit
-def _nibble_sixteenths(words, SHIFT: tl.constexpr):
+def _nibble_sixteenths(words, SHIFT: tl.constexpr, NIBBLE_MASK):
     """1 + q / 16 as a float32, exactly, for the 4-bit value q at bits SHIFT..SHIFT+3 of each int32: q moved
     into the top four mantissa bits of 1.0. A shift and one AND-OR per value, and the product with x is one
-    multiply-add: the vector kernel's instructions take longer to issue than its bytes take to read."""
+    multiply-add: the vector kernel's instructions take longer to issue than its bytes take to read.
+    ``NIBBLE_MASK`` is the kernel argument of that name (``NIBBLE_MASK``, bits 19-22)."""
     if SHIFT <= 19:
         moved = words << (19 - SHIFT)
     else:
         moved = words >> (SHIFT - 19)
-    return ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+    return ((moved & NIBBLE_MASK) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -275,9 +309,13 @@ VECTOR_ROWS = 4
 
 def _vector_configs() -> list[triton.Config]:
     """The vector path's candidates: channels per program, K per tile (whole groups: one group-wide tile for
-    every group, so some candidate fits any K), splits of K."""
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_stages=3, num_warps=4)
-            for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512) for split in (1, 4, 8) if bn * bk <= 16384]
+    every group, so some candidate fits any K), splits of K, and the loop's form: plain, or, for tiles of 4096
+    values and more, the next tile prefetched into registers or pipelined three stages deep."""
+    tiles = [(bn, bk) for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512) if bn * bk <= 16384]
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "STAGES": stages, "PREFETCH": prefetch},
+                          num_stages=stages, num_warps=4)
+            for bn, bk in tiles for split in (1, 4, 8)
+            for stages, prefetch in ([(1, False), (1, True), (3, False)] if bn * bk >= 4096 else [(1, False)])]
 
 
 def fits(block_k: int, group: int, kp: int) -> bool:
@@ -350,6 +388,13 @@ def _gemm_out(x2: torch.Tensor, n: int, split: bool) -> torch.Tensor:
     return torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
 
 
+#: Bits 19-22, where ``_nibble_sixteenths`` moves each 4-bit value: passed to the vector kernel as an argument,
+#: not written as a literal, so that the compiler keeps it in a register; the ptxas of Triton 3.6 then makes the
+#: AND with it and the OR with 1.0 one LOP3 per value (two with the literal: the loop of a 16 x 512 tile, sm_90,
+#: 440 -> 377 instructions).
+NIBBLE_MASK = 0x00780000
+
+
 def _gemm_args(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, out: torch.Tensor,
                vector: bool) -> tuple:
     """The runtime arguments of both GEMM kernels, in their signature's order."""
@@ -357,7 +402,7 @@ def _gemm_args(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, 
     packed = weight.words if vector else weight.packed  # the vector kernel reads int32 words
     return (x2, packed, weight.scale, weight.zero, bias if bias is not None else weight.scale, out, m,
             out.shape[1], weight.k, weight.packed.shape[1] * 2, weight.scale.shape[1], x2.stride(0), packed.stride(0),
-            out.stride(0), next_power_of_2(m))
+            out.stride(0), next_power_of_2(m)) + ((NIBBLE_MASK,) if vector else ())
 
 
 def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, vector: bool, split: bool,
@@ -379,6 +424,7 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
                "BLOCK_K": 2 * weight.group if two_groups else min(weight.group, 64)}
         if vector:
             del cfg["BLOCK_M"]
+            cfg["PREFETCH"] = True
             cfg["BLOCK_K"] = 2 * weight.group if kp % (2 * weight.group) == 0 else weight.group
             _int4_vector_kernel[(m, triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])](*args, **flags, **cfg)
         else:
@@ -497,7 +543,7 @@ def precompile(m: int, n: int, k: int, group: int, dtype: torch.dtype, has_bias:
         # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
         vector = tuner in (_VECTOR_DIRECT, _VECTOR_SPLIT)
         args = (x, words if vector else packed, scale, scale, x if has_bias else scale, out, m, n, k, kp, kp // group,
-                k, kp // 8 if vector else kp // 2, n, triton.next_power_of_2(m))
+                k, kp // 8 if vector else kp // 2, n, triton.next_power_of_2(m)) + ((NIBBLE_MASK,) if vector else ())
         prune = _prune_vector if vector else _prune
         jobs += [(tuner, args, flags, cfg) for cfg in prune(tuner.configs, dict(zip(tuner.arg_names, args)), **flags)]
     index, count = shard
