@@ -220,7 +220,7 @@ def _nibble_sixteenths(words, SHIFT: tl.constexpr, NIBBLE_MASK):
     """1 + q / 16 as a float32, exactly, for the 4-bit value q at bits SHIFT..SHIFT+3 of each int32: q moved
     into the top four mantissa bits of 1.0. A shift and one AND-OR per value, and the product with x is one
     multiply-add: the vector kernel's instructions take longer to issue than its bytes take to read.
-    ``NIBBLE_MASK`` is the kernel argument of that name (``NIBBLE_MASK``, bits 19-22)."""
+    ``NIBBLE_MASK`` is bits 19-22, the module's constant of that name passed in as a kernel argument."""
     if SHIFT <= 19:
         moved = words << (19 - SHIFT)
     else:
