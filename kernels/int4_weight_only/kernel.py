@@ -187,7 +187,8 @@ def _vector_loads(W32, x_row, S, Z, t, rn, n_bound, k_bound, GROUPS, stride_wn, 
 def _vector_accumulate(acc, words, x, scale, zero, NIBBLE_MASK):
     """``acc`` (channels, G, WG) plus one tile's scaled sums, one per word: ``16 scale * sum((1 + q/16) x) -
     scale (16 + zero) * sum(x)`` over the word's eight values, which is ``scale * sum((q - zero) x)``."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x.to(tl.float32))  # (G, WG) each: the x of value j of every word
+    x = x.to(tl.float32)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x)  # (G, WG) each: the x of value j of every word
     part = _nibble_sixteenths(words, 0, NIBBLE_MASK) * x0[None, :, :]
     part += _nibble_sixteenths(words, 4, NIBBLE_MASK) * x1[None, :, :]
     part += _nibble_sixteenths(words, 8, NIBBLE_MASK) * x2[None, :, :]
@@ -196,7 +197,9 @@ def _vector_accumulate(acc, words, x, scale, zero, NIBBLE_MASK):
     part += _nibble_sixteenths(words, 20, NIBBLE_MASK) * x5[None, :, :]
     part += _nibble_sixteenths(words, 24, NIBBLE_MASK) * x6[None, :, :]
     part += _nibble_sixteenths(words, 28, NIBBLE_MASK) * x7[None, :, :]
-    x_word = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # (G, WG): each word's sum of x
+    # (G, WG): each word's sum of x, summed where x was loaded (a thread or two a word) and then moved, not summed
+    # again by every thread that holds the word for some channel
+    x_word = tl.sum(x, axis=2)
     a = (16.0 * scale)[:, :, None]
     b = (scale * (16.0 + zero))[:, :, None]
     return acc + a * part - b * x_word[None, :, :]
