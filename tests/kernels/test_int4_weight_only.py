@@ -130,20 +130,19 @@ def test_every_decode_path_gives_the_product_with_the_dequantized_weight(m, n, k
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(("m", "n", "k", "group", "block_k"), [(1, 33, 200, 64, 64), (3, 70, 513, 32, 32),
                                                                 (2, 17, 1024, 128, 256)], ids=str)
-@pytest.mark.parametrize(("stages", "prefetch"), [(1, False), (1, True), (3, False)],
-                         ids=["plain", "prefetch", "pipelined"])
+@pytest.mark.parametrize(("stages", "prefetch"), [(1, False), (1, True), (3, False), (4, False)],
+                         ids=["plain", "prefetch", "pipelined3", "pipelined4"])
 def test_every_loop_form_of_the_vector_kernel_gives_the_product(m, n, k, group, block_k, stages, prefetch, dtype,
                                                                  seed):
-    """The vector kernel's plain loop, its register prefetch of the next tile and its three-stage pipeline compute
-    the same product, with and without a split of K; a split of 3 over 4 tiles leaves one program none, and the
-    prefetch past each program's last tile loads nothing."""
+    """The vector kernel's plain loop, its register prefetch of the next tile and its three- and four-stage
+    pipelines compute the same product, with and without a split of K; a split of 3 over 4 tiles leaves one program
+    none, and the prefetch past each program's last tile loads nothing."""
     x = _randn((m, k), seed, dtype)
     q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
     bias = _randn((n,), seed + 2, dtype)
-    tiles = q4.packed.shape[1] * 2 // block_k
+    tiles, block_n = q4.packed.shape[1] * 2 // block_k, 16
     for split in sorted({1, 3, tiles}):
         out = kernel._gemm_out(x, n, split > 1)
-        block_n = 16
         kernel._int4_vector_kernel[(m, triton.cdiv(n, block_n), split)](
             *kernel._gemm_args(x, q4, bias, out, True), GROUP=group, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
             SPLIT_K=split, STAGES=stages, PREFETCH=prefetch, num_stages=stages, num_warps=4)
