@@ -23,7 +23,6 @@ are one exact ``dp4a`` (``int8_query.py``); only the per-token score is converte
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -35,6 +34,7 @@ from microscope_kernels.int8_kv_cache.descriptors import cache_descriptor, fit_d
 from microscope_kernels.int8_kv_cache.int8_query import int8_dot_words, quantize_query_tiles
 from microscope_kernels.int8_kv_cache.split_io import load_query_tiles, store_partial
 from microscope_kernels.int8_kv_cache.tensor_core import DOT_CONFIGS, MIN_DOT_HEAD_DIM, decode_split_int8_dot_kernel
+from microscope_kernels.sm_count import sm_count
 from microscope_kernels.split_merge import merged_output
 
 from microscope.api import interpreting
@@ -346,11 +346,6 @@ _INTERP_BLOCK_T = 16
 _INTERP_SPLIT = 32
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def choose_split_len(tokens: int, heads_total: int, sm_count: int, waves: int = 8) -> int:
     """Tokens per split (a multiple of 256, so of every BLOCK_T): enough programs for ~``waves``
     waves of 4 resident programs per SM, and at most MAX_SPLITS splits so the merge stays one
@@ -370,8 +365,7 @@ def _split_plan(q: torch.Tensor, tokens: int, split_len: int | None, gpu: bool) 
     bh = q.shape[0] * q.shape[1]
     if split_len is None:
         if gpu:
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-            split_len = choose_split_len(tokens, bh, _sm_count(index))
+            split_len = choose_split_len(tokens, bh, sm_count(q.device))
         else:
             blocks = cdiv(cdiv(tokens, MAX_SPLITS), _INTERP_BLOCK_T)
             split_len = max(_INTERP_SPLIT, blocks * _INTERP_BLOCK_T)

@@ -17,7 +17,6 @@ write), which reads x twice but never overflows either.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -25,6 +24,7 @@ import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.input_checks import check_float_input
+from microscope_kernels.sm_count import sm_count
 
 from microscope.api import interpreting
 
@@ -195,15 +195,6 @@ _bwd_tuned = triton.autotune(configs=_tile_configs(), key=["N", "BLOCK_N", "EVEN
     _softmax_bwd_kernel)
 
 
-@functools.cache
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def compile_jobs(m: int, n: int, dtype: torch.dtype, backward: bool,
                  device: str = "cuda") -> list[tuple[triton.runtime.Autotuner, tuple, dict, triton.Config]]:
     """Every autotuning candidate ``safe_softmax`` times for an (m, n) input of ``dtype`` (and its backward's):
@@ -281,7 +272,7 @@ def softmax_forward(x: torch.Tensor, max_single_pass_cols: int = SINGLE_PASS_MAX
     block_n = triton.next_power_of_2(n)
     args = (x2, y, m, n, x2.stride(0), y.stride(0), m.bit_length())
     if _on_gpu(x):
-        sms = _sm_count(x.device)
+        sms = sm_count(x.device)
 
         def grid(meta: dict) -> tuple[int]:
             tiles = triton.cdiv(m, meta["BLOCK_M"])
