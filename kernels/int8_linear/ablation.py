@@ -12,10 +12,24 @@ from collections.abc import Mapping
 
 import torch
 from microscope_kernels.int8_linear.kernel import int8_gemm, int8_linear
+from microscope_kernels.int8_linear.kernel import precompile as compile_candidates
 from microscope_kernels.int8_linear.model_linear import use_affine_int8, use_dynamic_int8
 from microscope_kernels.int8_linear.reference import affine_linear, quantize_per_channel, quantize_rows_eager
 
-from microscope.api import Ablation, Arm, Case, Role, baseline, candidate, error_budget, grid, peer, randn, register
+from microscope.api import (
+    Ablation,
+    Arm,
+    Case,
+    ModelShapes,
+    Role,
+    baseline,
+    candidate,
+    error_budget,
+    grid,
+    peer,
+    randn,
+    register,
+)
 
 #: The accuracy dynamic int8 is allowed to cost: norm-relative error of the output vs the float64 Linear
 #: on the unquantized weight. Per-token and per-channel symmetric int8 measures ~1% on Gaussian inputs.
@@ -94,6 +108,20 @@ class Int8Linear(Ablation):
         if case.get("stage", "linear") == "gemm":  # the int8 variants start from quantized activations
             inputs["x_q"], inputs["x_scale"] = quantize_rows_eager(x)
         return inputs
+
+    def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
+        """This shard of the prefill GEMMs' autotuning candidates for the case's shape and dtype (the bias is
+        always passed)."""
+        if device == "cuda":
+            compile_candidates(case["m"], case["n"], case["k"], case.dtype, True, shard)
+
+    def precompile_model(self, arm: str, shapes: ModelShapes, device: str, shard: tuple[int, int]) -> None:
+        """This shard of the prefill GEMMs' candidates for every Linear of the int8 arm, at each row count it
+        runs (the first call of each shape autotunes both)."""
+        if device == "cuda" and arm == "int8_dynamic":
+            for n, k, has_bias in shapes.linears:
+                for m, dtype in shapes.calls():
+                    compile_candidates(m, n, k, dtype, has_bias, shard)
 
     def reference(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The Linear itself on the unquantized weight (float64 here): what every variant approximates."""

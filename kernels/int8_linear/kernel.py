@@ -11,6 +11,11 @@ intermediate ever reaches memory. Decode calls (a few rows) may quantize inside 
 the same int8 values, at the price of each program reading its rows of x twice (once for their absmax); which
 of the two whole calls a decode shape takes is timed once on the GPU (``path_choice``).
 
+Prefill calls (more rows) have two GEMMs of the same arithmetic: one loading its tiles with pointers
+(asynchronous copies, a mask per tile), one reading them through tensor descriptors (on Hopper each tile is
+one TMA copy, zero-filled past the edges) whose candidates also include a persistent grid, one program per SM
+taking output tiles in turn. Which one a shape takes is timed once on the GPU, each autotuned first.
+
 A NaN or Inf in an activation row makes that row's scale NaN, so its outputs are NaN rather than
 silently finite. Under the Triton interpreter small fixed blocks are used.
 """
@@ -27,6 +32,8 @@ from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, 
 from microscope_kernels.input_checks import check_float_input, checked_bias
 from microscope_kernels.int8_rows import absmax_scale, inverse, quantized
 from microscope_kernels.path_choice import fastest_path
+from microscope_kernels.sm_count import sm_count
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from microscope.api import interpreting
 
@@ -68,13 +75,7 @@ def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stri
     """C[m, n] = (sum_k A[m, k] B[n, k]) * SA[m] * SB[n] (+ BIAS[n]): exact int32 accumulation.
 
     ``M_BUCKET`` only keys the autotuner; ``EVEN_K`` (K a multiple of BLOCK_K) drops the K mask."""
-    pid = tl.program_id(0)
-    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * grid_n)  # grouped order: programs that share B tiles run together
-    first_m = group * GROUP_M
-    size_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
-    pid_n = (pid % (GROUP_M * grid_n)) // size_m
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -91,6 +92,40 @@ def _int8_gemm_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_am, stride_bn, stri
                         other=0)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     _store_rescaled(C, acc, tl.load(SA + rm, mask=rm < M, other=0.0), SB, BIAS, rm, rn, M, N, stride_cm, HAS_BIAS)
+
+
+@triton.jit
+def _int8_gemm_tma_kernel(A, B, C, SA, SB, BIAS, M, N, K, stride_cm, M_BUCKET, HAS_BIAS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                          PROGRAMS_PER_SM: tl.constexpr, FLATTEN: tl.constexpr):
+    """``_int8_gemm_kernel`` with A (M, K) and B (N, K) read through tensor descriptors (the Hopper copy engine,
+    TMA: a tile's load is one instruction, its out-of-bounds part zero-filled, so no K mask) and, with a grid
+    smaller than the tile count (``PROGRAMS_PER_SM`` > 0 sizes it), each program taking tiles until none are
+    left. ``FLATTEN`` has Triton pipeline across a program's tiles, so the next tile's loads start during this
+    one's epilogue."""
+    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), grid_m * grid_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _grouped_tile(tile, grid_m, grid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for kt in range(k_tiles):
+            a = A.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = B.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _store_rescaled(C, acc, tl.load(SA + rm, mask=rm < M, other=0.0), SB, BIAS, rm, rn, M, N, stride_cm,
+                        HAS_BIAS)
+
+
+@triton.jit
+def _grouped_tile(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of output tile ``tile`` in grouped order: GROUP_M rows of tiles at a time, column by
+    column, so that programs running together share their A and B tiles in L2."""
+    group = tile // (GROUP_M * grid_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    return first_m + (tile % (GROUP_M * grid_n)) % size_m, (tile % (GROUP_M * grid_n)) // size_m
 
 
 @triton.jit
@@ -142,6 +177,31 @@ _LARGE_M_CONFIGS = [
                                       (128, 256, 128, 8, 4), (256, 128, 128, 8, 4)]
 ]
 _GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(_GEMM)
+
+
+
+def _tma_blocks(nargs: dict) -> None:
+    """Autotuner pre-hook: a candidate's tiles become the descriptors' blocks (a TMA copy moves one block)."""
+    nargs["A"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["B"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+#: The descriptor GEMM's candidates: the tiles of ``_LARGE_M_CONFIGS`` that did best, each with one program per
+#: output tile, or one per SM taking tiles in turn (pipelined across tiles or not).
+_TMA_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "PROGRAMS_PER_SM": per_sm, "FLATTEN": flatten},
+                  num_warps=warps, num_stages=stages, pre_hook=_tma_blocks)
+    for bm, bn, bk, warps, stages in [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 4),
+                                      (128, 128, 128, 8, 4), (128, 256, 64, 8, 4)]
+    for per_sm, flatten in [(0, False), (1, False), (1, True)]
+]
+_GEMM_TMA = triton.autotune(_TMA_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(
+    _int8_gemm_tma_kernel)
+#: Under the interpreter: small tiles, and three programs, so each takes several tiles in turn.
+_INTERPRET_TMA = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "FLATTEN": False}
+_INTERPRET_PROGRAMS = 3
+#: (M bucket, N, K, out dtype, bias, device) -> the faster prefill GEMM on this GPU: ``pointers`` or ``tma``.
+_LARGE_PATH: dict[tuple, str] = {}
 
 #: Rows up to this count (decode) take the GEMM with fixed blocks; more, the autotuned one.
 DECODE_ROWS = 64
@@ -215,6 +275,28 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
         return out
     x_q, x_scale = x_q.contiguous(), x_scale.to(torch.float32).contiguous()
     w_q, w_scale = _weight_args(w_q, w_scale)
+    operands = (x_q, x_scale, w_q, w_scale, bias, out)
+    if m <= DECODE_ROWS or not _tma_fits(x_q, w_q):
+        _pointer_gemm(*operands)
+        return out
+    key = (next_power_of_2(m), n, k, out_dtype, bias is not None, x_q.device)
+    path = _LARGE_PATH.get(key)
+    if path is None:
+        if interpreting():  # not timed: the pointer GEMM, whose equality to the descriptor GEMM the tests check
+            path = "pointers"
+        else:
+            paths = {"pointers": functools.partial(_pointer_gemm, *operands),
+                     "tma": functools.partial(_tma_gemm, *operands)}
+            path = fastest_path(_LARGE_PATH, key, paths, "int8_gemm")
+    (_tma_gemm if path == "tma" else _pointer_gemm)(*operands)
+    return out
+
+
+def _pointer_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """``int8_gemm`` into ``out`` by ``_int8_gemm_kernel`` (pointer loads): fixed blocks for decode rows and
+    under the interpreter, autotuned otherwise."""
+    (m, k), n = x_q.shape, w_q.shape[0]
     args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
             x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
     consts = _fixed_consts(m, k, bias is not None)
@@ -223,7 +305,38 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
         _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
     else:
         _LAUNCH_GEMM((cdiv(m, consts["BLOCK_M"]) * cdiv(n, consts["BLOCK_N"]),), *args, **consts, GROUP_M=8)
-    return out
+
+
+def _tma_fits(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
+    """Whether the descriptor GEMM can take these operands: a GPU with TMA (Hopper on) or the interpreter,
+    rows of a multiple of 16 bytes and 16-byte aligned starts (what a descriptor needs)."""
+    if x_q.shape[1] % 16 or x_q.data_ptr() % 16 or w_q.data_ptr() % 16:
+        return False
+    return interpreting() or (x_q.is_cuda and torch.cuda.get_device_capability(x_q.device)[0] >= 9)
+
+
+def _tma_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+              bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """``int8_gemm`` into ``out`` by ``_int8_gemm_tma_kernel``: autotuned on a GPU (the pre-hook sets the
+    descriptors' blocks), small fixed tiles and a persistent grid under the interpreter."""
+    (m, k), n = x_q.shape, w_q.shape[0]
+    a = TensorDescriptor.from_tensor(x_q, [_INTERPRET_TMA["BLOCK_M"], _INTERPRET_TMA["BLOCK_K"]])
+    b = TensorDescriptor.from_tensor(w_q, [_INTERPRET_TMA["BLOCK_N"], _INTERPRET_TMA["BLOCK_K"]])
+    args = (a, b, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k, out.stride(0),
+            next_power_of_2(m))
+    if interpreting():
+        _int8_gemm_tma_kernel[(_INTERPRET_PROGRAMS,)](*args, HAS_BIAS=bias is not None, GROUP_M=8,
+                                                       PROGRAMS_PER_SM=1, **_INTERPRET_TMA)
+        return
+    _GEMM_TMA[functools.partial(_tma_grid, m, n, x_q.device)](*args, HAS_BIAS=bias is not None, GROUP_M=8)
+
+
+def _tma_grid(m: int, n: int, device: torch.device, meta: dict) -> tuple[int]:
+    """The descriptor GEMM's programs for a config ``meta``: one per output tile, or ``PROGRAMS_PER_SM`` per SM
+    where there are more tiles than that."""
+    tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
+    per_sm = meta["PROGRAMS_PER_SM"]
+    return (min(tiles, per_sm * sm_count(device)) if per_sm else tiles,)
 
 
 def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -306,3 +419,30 @@ def _one_launch(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias
 #: The two ways of making a decode call, by the names ``_DECODE_PATH`` holds; the first is the fallback should
 #: the one launch fail to build on a GPU.
 _DECODE_PATHS = {"two_launches": _two_launches, "one_launch": _one_launch}
+
+
+def precompile(m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool, shard: tuple[int, int] = (0, 1)) -> None:
+    """Compile, without launching, this shard's part of the autotuning candidates of both prefill GEMMs
+    (pointer loads, descriptors) for an (m, k) x (n, k) call with ``dtype`` out, so that a run's worker
+    processes compile them side by side (candidate ``i`` goes to shard ``i % count``) rather than one by one
+    in the first call. Decode rows use fixed blocks: nothing to do."""
+    if interpreting() or m <= DECODE_ROWS:
+        return
+    device = torch.device("cuda", torch.cuda.current_device())
+    x_q = torch.zeros((1, k), device=device, dtype=torch.int8)
+    scale = torch.zeros((1,), device=device, dtype=torch.float32)
+    out = torch.zeros((1, 1), device=device, dtype=dtype)
+    bias = torch.zeros((1,), device=device, dtype=dtype) if has_bias else scale
+    # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
+    sizes = (m, n, k)
+    jobs = [(_int8_gemm_kernel, (x_q, x_q, out, scale, scale, bias, *sizes, k, k, n, next_power_of_2(m)),
+             {"EVEN_K": k % cfg.kwargs["BLOCK_K"] == 0}, cfg) for cfg in _LARGE_M_CONFIGS]
+    if _tma_fits(x_q, x_q):
+        for cfg in _TMA_CONFIGS:
+            a = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]])
+            b = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]])
+            jobs.append((_int8_gemm_tma_kernel, (a, b, out, scale, scale, bias, *sizes, n, next_power_of_2(m)), {},
+                         cfg))
+    index, count = shard
+    for kernel, args, consts, cfg in jobs[index::count]:
+        kernel.warmup(*args, grid=(1,), HAS_BIAS=has_bias, GROUP_M=8, **consts, **cfg.all_kwargs())

@@ -131,6 +131,96 @@ def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for
         assert bool(one_launch[m - 1].isnan().all())
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(65, 129, 304), (130, 300, 1040)], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+def test_the_descriptor_gemm_gives_the_pointer_gemm_s_output_bit_for_bit(m, n, k, dtype, with_bias, seed,
+                                                                          monkeypatch):
+    """Prefill rows may take the GEMM that reads its operands through tensor descriptors (TMA on Hopper), where a
+    GPU times it the faster: exact int32 sums and the same epilogue, so the pointer GEMM's output bit for bit,
+    with a K tail past the last whole tile (read as zeros), rows and channels that fill no tile, each program
+    taking several tiles in turn, a zero row and a NaN row."""
+    from microscope_kernels.direct_launch import next_power_of_2
+    from microscope_kernels.int8_linear import kernel
+    from microscope_kernels.int8_linear.kernel import int8_gemm
+
+    x = _randn((m, k), seed, dtype, scale=3.0)
+    x[1] = 0
+    x[2, k // 3] = float("nan")
+    x_q, x_scale = quantize_rows(x)
+    w_q, w_scale = quantize_per_channel(_randn((n, k), seed + 1, dtype, scale=k**-0.5))
+    bias = _randn((n,), seed + 2, dtype) if with_bias else None
+    key = (next_power_of_2(m), n, k, dtype, with_bias, x_q.device)
+    monkeypatch.setitem(kernel._LARGE_PATH, key, "pointers")
+    pointers = int8_gemm(x_q, x_scale, w_q, w_scale, bias, dtype)
+    monkeypatch.setitem(kernel._LARGE_PATH, key, "tma")
+    calls = []
+    tma_gemm = kernel._tma_gemm
+    monkeypatch.setattr(kernel, "_tma_gemm", lambda *args: calls.append(1) or tma_gemm(*args))
+    descriptors = int8_gemm(x_q, x_scale, w_q, w_scale, bias, dtype)
+    assert calls == [1] and descriptors.dtype == dtype
+    assert torch.equal(descriptors.isnan(), pointers.isnan()) and bool(descriptors[2].isnan().all())
+    assert torch.equal(descriptors.nan_to_num(), pointers.nan_to_num())
+    want = int8_linear_reference(x[3:], w_q, w_scale, bias).double()
+    assert torch.allclose(descriptors[3:].double(), want, rtol=0.02, atol=0.02 * float(want.abs().max()))
+
+
+def test_a_k_no_descriptor_can_take_goes_to_the_pointer_gemm(seed, monkeypatch):
+    """A descriptor needs rows of a multiple of 16 bytes: an int8 K of 300 takes the pointer GEMM whatever path
+    a shape has kept, and still gives the product."""
+    from microscope_kernels.int8_linear import kernel
+    from microscope_kernels.int8_linear.kernel import int8_gemm
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the descriptor GEMM was called with K = 300")
+
+    monkeypatch.setattr(kernel, "_tma_gemm", refuse)
+    monkeypatch.setitem(kernel._LARGE_PATH, (128, 129, 300, torch.float32, False, torch.device(DEVICE)), "tma")
+    x = _randn((70, 300), seed, torch.float32)
+    w_q, w_scale = quantize_per_channel(_randn((129, 300), seed + 1, torch.float32, scale=300**-0.5))
+    out = int8_gemm(*quantize_rows(x), w_q, w_scale, None, torch.float32)
+    want = int8_linear_reference(x, w_q, w_scale, None).double()
+    assert torch.allclose(out.double(), want, rtol=0.02, atol=0.02 * float(want.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device with TMA (Hopper or later)")
+def test_every_descriptor_candidate_gives_the_pointer_gemm_s_output_and_a_shape_keeps_one_path(seed, monkeypatch):
+    """Each autotuning candidate of the descriptor GEMM (tiles; one program per tile or per SM; pipelined across
+    a program's tiles or not), launched directly, gives the pointer GEMM's output bit for bit on a ragged shape
+    with more tiles than SMs; a shape's first call then times both GEMMs and keeps the faster."""
+    from microscope_kernels.direct_launch import next_power_of_2
+    from microscope_kernels.int8_linear import kernel
+    from microscope_kernels.int8_linear.kernel import int8_gemm
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, n, k = 2100, 2600, 1040
+    x = _randn((m, k), seed, torch.bfloat16, scale=3.0)
+    x_q, x_scale = quantize_rows(x)
+    w_q, w_scale = quantize_per_channel(_randn((n, k), seed + 1, torch.bfloat16, scale=k**-0.5))
+    bias = _randn((n,), seed + 2, torch.bfloat16)
+    for shard in range(3):  # compiled ahead the way a run's workers do, each candidate once
+        kernel.precompile(m, n, k, torch.bfloat16, True, (shard, 3))
+    pointers = torch.empty((m, n), device=DEVICE, dtype=torch.bfloat16)
+    kernel._pointer_gemm(x_q, x_scale, w_q, w_scale, bias, pointers)
+    for cfg in kernel._TMA_CONFIGS:
+        meta = cfg.all_kwargs()
+        out = torch.full_like(pointers, float("nan"))
+        a = TensorDescriptor.from_tensor(x_q, [meta["BLOCK_M"], meta["BLOCK_K"]])
+        b = TensorDescriptor.from_tensor(w_q, [meta["BLOCK_N"], meta["BLOCK_K"]])
+        kernel._int8_gemm_tma_kernel[kernel._tma_grid(m, n, x_q.device, meta)](
+            a, b, out, x_scale, w_scale, bias, m, n, k, out.stride(0), next_power_of_2(m), HAS_BIAS=True, GROUP_M=8,
+            **meta)
+        assert torch.equal(out, pointers), meta
+    key = (next_power_of_2(m), n, k, torch.bfloat16, True, x_q.device)
+    monkeypatch.delitem(kernel._LARGE_PATH, key, raising=False)
+    first = int8_gemm(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16)
+    assert kernel._LARGE_PATH[key] in ("pointers", "tma")
+    assert torch.equal(first, pointers) and torch.equal(int8_gemm(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16),
+                                                        pointers)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(("m", "with_bias"), [(16, False), (3, True), (40, False)], ids=str)
