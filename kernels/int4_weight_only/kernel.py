@@ -314,7 +314,9 @@ def _vector_configs() -> list[triton.Config]:
     """The vector path's candidates: channels per program, K per tile (whole groups: one group-wide tile for
     every group, so some candidate fits any K), splits of K, and the loop's form: plain, or, for tiles of 4096
     values and more, the next tile prefetched into registers or pipelined three stages deep (four as well from
-    8192 values: few programs over a long K keep more tiles in flight)."""
+    8192 values: few programs over a long K keep more tiles in flight); and warps per program: tiles of 8192
+    values and more also run with 8, since a shape of few programs (N of 4096 in tiles of 16: two a SM) leaves
+    each SM too few warps to hide the latency of the loop's dependent instructions."""
     tiles = [(bn, bk) for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512, 1024) if bn * bk <= 16384]
 
     def forms(values: int) -> list[tuple[int, bool]]:
@@ -323,8 +325,9 @@ def _vector_configs() -> list[triton.Config]:
         return [(1, False), (1, True), (3, False)] + ([(4, False)] if values >= 8192 else [])
 
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "STAGES": stages, "PREFETCH": prefetch},
-                          num_stages=stages, num_warps=4)
-            for bn, bk in tiles for split in (1, 4, 8) for stages, prefetch in forms(bn * bk)]
+                          num_stages=stages, num_warps=warps)
+            for bn, bk in tiles for split in (1, 4, 8) for stages, prefetch in forms(bn * bk)
+            for warps in ((4, 8) if bn * bk >= 8192 and split < 8 else (4,))]
 
 
 def fits(block_k: int, group: int, kp: int) -> bool:
