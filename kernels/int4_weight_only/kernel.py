@@ -295,10 +295,14 @@ def _configs(decode: bool) -> list[triton.Config]:
 
     Decode streams the whole weight for a few rows, so its candidates range over how many bytes each
     program keeps in flight: narrow column tiles with long K tiles (several groups each) as well as wide
-    ones, and splits of K for more programs."""
+    ones, and splits of K for more programs. Tiles of 8192 weights and more also run with 8 warps (splits up to
+    4): the loop's unpacking is a chain of dependent integer and float instructions, and a shape of few programs
+    leaves 4-warp programs too few warps a SM to hide it (sm_90 SASS, 16 x 64 x 256: 960 loop instructions at 4
+    warps, 519 at 8 for half the work a thread)."""
     if decode:
-        shapes = [(16, bn, bk, split, 3, 4) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
-                  for split in (1, 2, 4, 8) if bn * bk <= 128 * 128 and (bk > 32 or split == 1)]
+        shapes = [(16, bn, bk, split, 3, warps) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
+                  for split in (1, 2, 4, 8) if bn * bk <= 128 * 128 and (bk > 32 or split == 1)
+                  for warps in ((4, 8) if bn * bk >= 8192 and split <= 4 else (4,))]
     else:
         shapes = [(128, bn, bk, 1, stages, warps) for bn in (64, 128) for bk in (32, 64) for stages in (3, 4)
                   for warps in (4, 8)]
