@@ -179,7 +179,6 @@ _LARGE_M_CONFIGS = [
 _GEMM_LARGE_M = triton.autotune(_LARGE_M_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(_GEMM)
 
 
-
 def _tma_blocks(nargs: dict) -> None:
     """Autotuner pre-hook: a candidate's tiles become the descriptors' blocks (a TMA copy moves one block)."""
     nargs["A"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
