@@ -31,7 +31,7 @@ DEADLINE=$((SECONDS + ${BUDGET_S:-585}))
 KILL_S=${KILL_S:-45}
 summary=()
 
-step() {  # step NAME MAX_SECONDS COMMAND...
+step() {  # [SIGNAL=INT] step NAME MAX_SECONDS COMMAND... (SIGNAL: what stops it at its limit, TERM)
   local name=$1 max=$2
   shift 2
   local left=$((DEADLINE - SECONDS - 25 - KILL_S))
@@ -41,7 +41,7 @@ step() {  # step NAME MAX_SECONDS COMMAND...
   fi
   [ "$max" -gt "$left" ] && max=$left
   local start=$SECONDS
-  timeout -k "$KILL_S" "$max" "$@" >"$WORK/$name.txt" 2>&1
+  timeout -s "${SIGNAL:-TERM}" -k "$KILL_S" "$max" "$@" >"$WORK/$name.txt" 2>&1
   local rc=$?
   local how="exit $rc"
   [ "$rc" = 124 ] && how="TIMED OUT at $max s"
@@ -57,8 +57,9 @@ env | grep '^PYTEST' || echo "no PYTEST_* variables"
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default);
 # TESTS_S: its time limit (150 s)
+# (stopped with SIGINT at its limit, on which pytest still prints the failures it has seen)
 # shellcheck disable=SC2086
-step gpu_tests "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
+SIGNAL=INT step gpu_tests "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests/test_gpu_timing.py tests/test_gpu_inputs.py}
 # the wall-time target: the full flash_attn cuda profile (every variant, 8 cases) in <= 60 s
 # (FLASH_S: its step limit, 150 s, so that the whole run is timed even where it misses the target)
 if [ "${FLASH_CUDA:-1}" = 1 ]; then
