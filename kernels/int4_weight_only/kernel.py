@@ -295,14 +295,10 @@ def _configs(decode: bool) -> list[triton.Config]:
 
     Decode streams the whole weight for a few rows, so its candidates range over how many bytes each
     program keeps in flight: narrow column tiles with long K tiles (several groups each) as well as wide
-    ones, and splits of K for more programs. Tiles of 8192 weights and more also run with 8 warps (splits up to
-    4): the loop's unpacking is a chain of dependent integer and float instructions, and a shape of few programs
-    leaves 4-warp programs too few warps a SM to hide it (sm_90 SASS, 16 x 64 x 256: 960 loop instructions at 4
-    warps, 519 at 8 for half the work a thread)."""
+    ones, and splits of K for more programs."""
     if decode:
-        shapes = [(16, bn, bk, split, 3, warps) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
-                  for split in (1, 2, 4, 8) if bn * bk <= 128 * 128 and (bk > 32 or split == 1)
-                  for warps in ((4, 8) if bn * bk >= 8192 and split <= 4 else (4,))]
+        shapes = [(16, bn, bk, split, 3, 4) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
+                  for split in (1, 2, 4, 8) if bn * bk <= 128 * 128 and (bk > 32 or split == 1)]
     else:
         shapes = [(128, bn, bk, 1, stages, warps) for bn in (64, 128) for bk in (32, 64) for stages in (3, 4)
                   for warps in (4, 8)]
@@ -318,9 +314,7 @@ def _vector_configs() -> list[triton.Config]:
     """The vector path's candidates: channels per program, K per tile (whole groups: one group-wide tile for
     every group, so some candidate fits any K), splits of K, and the loop's form: plain, or, for tiles of 4096
     values and more, the next tile prefetched into registers or pipelined three stages deep (four as well from
-    8192 values: few programs over a long K keep more tiles in flight); and warps per program: tiles of 8192
-    values and more also run with 8, since a shape of few programs (N of 4096 in tiles of 16: two a SM) leaves
-    each SM too few warps to hide the latency of the loop's dependent instructions."""
+    8192 values: few programs over a long K keep more tiles in flight)."""
     tiles = [(bn, bk) for bn in (16, 32, 64) for bk in (32, 64, 128, 256, 512, 1024) if bn * bk <= 16384]
 
     def forms(values: int) -> list[tuple[int, bool]]:
@@ -329,9 +323,8 @@ def _vector_configs() -> list[triton.Config]:
         return [(1, False), (1, True), (3, False)] + ([(4, False)] if values >= 8192 else [])
 
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "STAGES": stages, "PREFETCH": prefetch},
-                          num_stages=stages, num_warps=warps)
-            for bn, bk in tiles for split in (1, 4, 8) for stages, prefetch in forms(bn * bk)
-            for warps in ((4, 8) if bn * bk >= 8192 and split < 8 else (4,))]
+                          num_stages=stages, num_warps=4)
+            for bn, bk in tiles for split in (1, 4, 8) for stages, prefetch in forms(bn * bk)]
 
 
 def fits(block_k: int, group: int, kp: int) -> bool:
