@@ -185,18 +185,17 @@ def _tma_blocks(nargs: dict) -> None:
     nargs["B"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
-#: Shared memory the stages of a pipelined-across-tiles candidate may take: pipelining across tiles adds buffers
-#: (sm_90, Triton 3.6: 192 KB of stages became 229 KB), over the 227 KB a Hopper block may have.
-_FLATTEN_STAGE_BYTES = 160 * 1024
 #: The descriptor GEMM's candidates: the tiles of ``_LARGE_M_CONFIGS`` that did best, each with one program per
-#: output tile, or one per SM taking tiles in turn (pipelined across tiles or not, where that fits).
+#: output tile, or one per SM taking tiles in turn, pipelined across tiles or not; not pipelined across tiles at
+#: 256 x 128 x 128, where that takes 256 KiB of shared memory (sm_90, Triton 3.6 and 3.9), over the 227 KiB a
+#: Hopper block may have (128 x 256 x 128 at 4 stages takes 224 KiB).
 _TMA_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "PROGRAMS_PER_SM": per_sm, "FLATTEN": flatten},
                   num_warps=warps, num_stages=stages, pre_hook=_tma_blocks)
     for bm, bn, bk, warps, stages in [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 4),
                                       (128, 128, 128, 8, 4), (128, 256, 64, 8, 4)]
     for per_sm, flatten in [(0, False), (1, False), (1, True)]
-    if not flatten or stages * (bm + bn) * bk <= _FLATTEN_STAGE_BYTES
+    if not (flatten and bm == 256)
 ]
 _GEMM_TMA = triton.autotune(_TMA_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_candidate)(
     _int8_gemm_tma_kernel)
