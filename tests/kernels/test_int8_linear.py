@@ -183,6 +183,54 @@ def test_a_k_no_descriptor_can_take_goes_to_the_pointer_gemm(seed, monkeypatch):
     assert torch.allclose(out.double(), want, rtol=0.02, atol=0.02 * float(want.abs().max()))
 
 
+#: The shared memory a Hopper (sm_90) block may have: 227 KiB.
+HOPPER_BLOCK_SHARED_BYTES = 227 * 1024
+#: Builds each descriptor GEMM candidate for sm_90 and prints {candidate: shared bytes} (Triton compiles for a
+#: GPU it does not have; run apart, since under the interpreter the kernels are not compilable functions).
+_SHARED_BYTES_OF_CANDIDATES = """
+import json, triton
+from triton.backends.compiler import GPUTarget
+from microscope_kernels.int8_linear import kernel
+
+fn = kernel._int8_gemm_tma_kernel
+constexprs = ("HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM", "FLATTEN")
+sizes = {}
+for cfg in kernel._TMA_CONFIGS:
+    meta = {**cfg.all_kwargs(), "HAS_BIAS": True, "GROUP_M": 8}
+    signature = {"A": f"tensordesc<i8[{meta['BLOCK_M']}, {meta['BLOCK_K']}]>",
+                 "B": f"tensordesc<i8[{meta['BLOCK_N']}, {meta['BLOCK_K']}]>", "C": "*bf16", "SA": "*fp32",
+                 "SB": "*fp32", "BIAS": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32",
+                 "M_BUCKET": "i32", **dict.fromkeys(constexprs, "constexpr")}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature,
+                                       constexprs={(fn.arg_names.index(n),): meta[n] for n in constexprs})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    sizes[str(cfg)] = compiled.metadata.shared
+print(json.dumps(sizes))
+"""
+
+
+def test_every_descriptor_candidate_fits_a_hopper_block_s_shared_memory():
+    """Each descriptor GEMM candidate, built for sm_90 without a GPU (``ptxas``), fits a block's shared memory:
+    the autotuner would skip one that does not, but every run would pay its compile, and a test launching the
+    candidates fails on the GPU (one at 256 KiB did, on 2026-12-07)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from microscope_kernels.int8_linear import kernel
+
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _SHARED_BYTES_OF_CANDIDATES], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    over = {name: size // 1024 for name, size in sizes.items() if size > HOPPER_BLOCK_SHARED_BYTES}
+    assert not over, f"KiB of shared memory over {HOPPER_BLOCK_SHARED_BYTES // 1024}: {over}"
+    assert len(sizes) == len(kernel._TMA_CONFIGS) and max(sizes.values()) > 128 * 1024  # the deep tiles were built
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device with TMA (Hopper or later)")
