@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Iterable
 
 import pytest
 from microscope_kernels import path_choice
 
 
-def _replay(monkeypatch, times: dict[str, list[float]]) -> list[str]:
+def _replay(monkeypatch, times: dict[str, Iterable[float]]) -> list[str]:
     """Make each ``do_bench`` call of path ``name`` return its next time from ``times``; the order timed."""
     order: list[str] = []
     rounds = {name: iter(ms) for name, ms in times.items()}
