@@ -110,14 +110,14 @@ class Int8Linear(Ablation):
         return inputs
 
     def precompile(self, case: Case, device: str, shard: tuple[int, int], backward: bool) -> None:
-        """This shard of the prefill GEMMs' autotuning candidates for the case's shape and dtype (the bias is
-        always passed)."""
+        """This shard of the kernels the case's shape and dtype may run (``kernel.precompile``; the bias is always
+        passed)."""
         if device == "cuda":
             compile_candidates(case["m"], case["n"], case["k"], case.dtype, True, shard)
 
     def precompile_model(self, arm: str, shapes: ModelShapes, device: str, shard: tuple[int, int]) -> None:
-        """This shard of the prefill GEMMs' candidates for every Linear of the int8 arm, at each row count it
-        runs (the first call of each shape autotunes both)."""
+        """This shard of the kernels every Linear of the int8 arm may run, at each row count it is called with
+        (the first call of each shape autotunes or times them)."""
         if device == "cuda" and arm == "int8_dynamic":
             for n, k, has_bias in shapes.linears:
                 for m, dtype in shapes.calls():

@@ -8,8 +8,9 @@ fits in registers) and runs one GEMM whose accumulator is exact int32, so the on
 roundings to int8. The epilogue turns the int32 tile into
 ``acc * x_scale[m] * w_scale[n] + bias[n]`` in the output dtype, so no int32 or float32 (M, N)
 intermediate ever reaches memory. Decode calls (a few rows) may quantize inside the GEMM instead: one launch,
-the same int8 values, at the price of each program reading its rows of x twice (once for their absmax); which
-of the two whole calls a decode shape takes is timed once on the GPU (``path_choice``).
+the same int8 values, at the price of each program reading its rows of x twice (once for their absmax); either
+call may also take half-width tiles, twice the programs. Which of the four whole calls a decode shape takes is
+timed once on the GPU (``path_choice``).
 
 Prefill calls (more rows) have two GEMMs of the same arithmetic: one loading its tiles with pointers
 (asynchronous copies, a mask per tile), one reading them through tensor descriptors (on Hopper each tile is
@@ -214,7 +215,7 @@ _LAUNCH_DECODE = DirectLauncher(_int8_decode_kernel)
 #: (rows, N, K, dtype, bias, device) -> the launch of a decode call, bound to its compiled kernel and grid
 #: (``DirectLauncher.bind``): a model's decode step calls every Linear, a few microseconds of GPU each.
 _BOUND: dict[tuple, BoundLaunch] = {}
-#: That key -> the decode call that was the faster on this GPU: ``one_launch`` or ``two_launches``.
+#: That key -> the decode call that was the fastest on this GPU, a name of ``_DECODE_PATHS``.
 _DECODE_PATH: dict[tuple, str] = {}
 
 
@@ -239,20 +240,24 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _blocks(m: int) -> tuple[int, int, int, int] | None:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps) for decode-shaped M and under the interpreter; None: autotune."""
+def _blocks(m: int, narrow: bool = False) -> tuple[int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps) for decode-shaped M and under the interpreter; None: autotune.
+    ``narrow``: half the columns a program, so twice the programs (at N=8192 and M <= 16 the wide tiles make one
+    4-warp program a SM, too few loads in flight to stream the weight at the copy rate)."""
     if interpreting():  # large tiles: the interpreter's cost is per program and per op, not per element
-        return 32, 64, 64, 4
-    if m <= 16:
-        return 16, 64, 256, 4
-    if m <= DECODE_ROWS:
-        return 64, 128, 128, 4
-    return None
+        bm, bn, bk = 32, 64, 64
+    elif m <= 16:
+        bm, bn, bk = 16, 64, 256
+    elif m <= DECODE_ROWS:
+        bm, bn, bk = 64, 128, 128
+    else:
+        return None
+    return bm, bn // 2 if narrow else bn, bk, 4
 
 
-def _fixed_consts(m: int, k: int, has_bias: bool) -> dict | None:
+def _fixed_consts(m: int, k: int, has_bias: bool, narrow: bool = False) -> dict | None:
     """The constants of both GEMM kernels with fixed blocks (decode rows, the interpreter); None: autotuned."""
-    fixed = _blocks(m)
+    fixed = _blocks(m, narrow)
     if fixed is None:
         return None
     bm, bn, bk, warps = fixed
@@ -295,13 +300,13 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 
 
 def _pointer_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                  bias: torch.Tensor | None, out: torch.Tensor) -> None:
+                  bias: torch.Tensor | None, out: torch.Tensor, narrow: bool = False) -> None:
     """``int8_gemm`` into ``out`` by ``_int8_gemm_kernel`` (pointer loads): fixed blocks for decode rows and
-    under the interpreter, autotuned otherwise."""
+    under the interpreter (``narrow``: half-width ones), autotuned otherwise."""
     (m, k), n = x_q.shape, w_q.shape[0]
     args = (x_q, w_q, out, x_scale, w_scale, bias if bias is not None else w_scale, m, n, k,
             x_q.stride(0), w_q.stride(0), out.stride(0), next_power_of_2(m))
-    consts = _fixed_consts(m, k, bias is not None)
+    consts = _fixed_consts(m, k, bias is not None, narrow)
     if consts is None:
         grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _GEMM_LARGE_M[grid](*args, HAS_BIAS=bias is not None, GROUP_M=8)
@@ -346,7 +351,7 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     """``x @ W^T + bias`` with x quantized per token and W given as int8 (N, K) with per-channel
     ``w_scale`` (N,): one quantize pass and one GEMM with a fused dequant epilogue; x's dtype out. Decode
     rows (up to ``DECODE_ROWS``) may take both in one launch (``_int8_decode_kernel``), with the same int8
-    values, where that whole call is the faster on the GPU.
+    values, and either call half-width tiles, whichever whole call is the fastest on the GPU.
 
     x may have leading batch dims (..., K); the weight comes from ``reference.quantize_per_channel``.
     """
@@ -378,16 +383,19 @@ def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         else:
             paths = {name: functools.partial(call, x2, w_q, w_scale, bias) for name, call in _DECODE_PATHS.items()}
             path = fastest_path(_DECODE_PATH, key, paths, "int8_linear")
-    if path == "two_launches":
-        return _two_launches(x2, w_q, w_scale, bias).reshape(*lead, n)
-    return _one_launch(x2, w_q, w_scale, bias, bind=key).reshape(*lead, n)
+    return _DECODE_PATHS[path](x2, w_q, w_scale, bias, bind=key).reshape(*lead, n)
 
 
-def _two_launches(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
-    """The quantize pass, then the GEMM with its epilogue: (M, K) in, (M, N) in x's dtype out."""
+def _two_launches(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                  bind: tuple | None = None, narrow: bool = False) -> torch.Tensor:
+    """The quantize pass, then the GEMM with its epilogue: (M, K) in, (M, N) in x's dtype out; ``narrow`` (decode
+    rows): the GEMM's half-width tiles. Two launches are not bound as one: ``bind`` is unused."""
     x_q, x_scale = quantize_rows(x2)
-    return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x2.dtype)
+    if not narrow:
+        return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x2.dtype)
+    out = torch.empty((x2.shape[0], w_q.shape[0]), device=x2.device, dtype=x2.dtype)
+    _pointer_gemm(x_q, x_scale, *_weight_args(w_q, w_scale), bias, out, narrow=True)
+    return out
 
 
 def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
@@ -400,15 +408,15 @@ def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bia
 
 
 def _one_launch(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                bind: tuple | None = None) -> torch.Tensor:
-    """Decode rows quantized inside the GEMM (``_int8_decode_kernel``); with ``bind`` (the shape's key), later
-    calls of that key go straight to the compiled kernel (``_BOUND``)."""
+                bind: tuple | None = None, narrow: bool = False) -> torch.Tensor:
+    """Decode rows quantized inside the GEMM (``_int8_decode_kernel``; ``narrow``: half-width tiles); with ``bind``
+    (the shape's key), later calls of that key go straight to the compiled kernel (``_BOUND``)."""
     x2 = x2.contiguous()
     m, k = x2.shape
     n = w_q.shape[0]
     out = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
     args = _decode_args(x2, w_q, w_scale, bias, out, m, n, k)
-    consts = _fixed_consts(m, k, bias is not None)
+    consts = _fixed_consts(m, k, bias is not None, narrow)
     grid = (cdiv(m, consts["BLOCK_M"]), cdiv(n, consts["BLOCK_N"]))
     _LAUNCH_DECODE(grid, *args, **consts)
     if bind is not None:
@@ -418,17 +426,19 @@ def _one_launch(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias
     return out
 
 
-#: The two ways of making a decode call, by the names ``_DECODE_PATH`` holds; the first is the fallback should
-#: the one launch fail to build on a GPU.
-_DECODE_PATHS = {"two_launches": _two_launches, "one_launch": _one_launch}
+#: The ways of making a decode call, by the names ``_DECODE_PATH`` holds: two launches or one, each with the wide
+#: or the half-width tiles; the first is the fallback should another fail to build on a GPU.
+_DECODE_PATHS = {"two_launches": _two_launches, "one_launch": _one_launch,
+                 "two_launches_narrow": functools.partial(_two_launches, narrow=True),
+                 "one_launch_narrow": functools.partial(_one_launch, narrow=True)}
 
 
 def precompile(m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool, shard: tuple[int, int] = (0, 1)) -> None:
-    """Compile, without launching, this shard's part of the autotuning candidates of both prefill GEMMs
-    (pointer loads, descriptors) for an (m, k) x (n, k) call with ``dtype`` out, so that a run's worker
-    processes compile them side by side (candidate ``i`` goes to shard ``i % count``) rather than one by one
-    in the first call. Decode rows use fixed blocks: nothing to do."""
-    if interpreting() or m <= DECODE_ROWS:
+    """Compile, without launching, this shard's part of what an (m, k) x (n, k) call with ``dtype`` out may run:
+    for prefill rows the autotuning candidates of both GEMMs (pointer loads, descriptors), for decode rows the
+    GEMM and the one-launch kernel with wide and half-width tiles. A run's worker processes so compile them side
+    by side (job ``i`` goes to shard ``i % count``) rather than one by one in the first call."""
+    if interpreting():
         return
     device = torch.device("cuda", torch.cuda.current_device())
     x_q = torch.zeros((1, k), device=device, dtype=torch.int8)
@@ -436,15 +446,24 @@ def precompile(m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool, shard
     out = torch.zeros((1, 1), device=device, dtype=dtype)
     bias = torch.zeros((1,), device=device, dtype=dtype) if has_bias else scale
     # the integer arguments' values matter only through Triton's specialization (divisible by 16, equal to 1)
-    sizes = (m, n, k)
-    jobs = [(_int8_gemm_kernel, (x_q, x_q, out, scale, scale, bias, *sizes, k, k, n, next_power_of_2(m)),
-             {"EVEN_K": k % cfg.kwargs["BLOCK_K"] == 0}, cfg) for cfg in _LARGE_M_CONFIGS]
-    if _tma_fits(x_q, x_q):
-        for cfg in _TMA_CONFIGS:
-            a = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]])
-            b = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]])
-            jobs.append((_int8_gemm_tma_kernel, (a, b, out, scale, scale, bias, *sizes, n, next_power_of_2(m)), {},
-                         cfg))
+    gemm_args = (x_q, x_q, out, scale, scale, bias, m, n, k, k, k, n, next_power_of_2(m))
+    jobs: list[tuple[triton.JITFunction, tuple, dict]] = []
+    if m <= DECODE_ROWS:
+        x = torch.zeros((1, k), device=device, dtype=dtype)
+        for narrow in (False, True):
+            consts = _fixed_consts(m, k, has_bias, narrow)
+            jobs.append((_int8_gemm_kernel, gemm_args, {**consts, "GROUP_M": 8}))
+            jobs.append((_int8_decode_kernel, (x, x_q, out, scale, bias, m, n, k, k, k, n), consts))
+    else:
+        common = {"HAS_BIAS": has_bias, "GROUP_M": 8}
+        jobs += [(_int8_gemm_kernel, gemm_args, {**common, "EVEN_K": k % cfg.kwargs["BLOCK_K"] == 0,
+                                                 **cfg.all_kwargs()}) for cfg in _LARGE_M_CONFIGS]
+        if _tma_fits(x_q, x_q):
+            for cfg in _TMA_CONFIGS:
+                a = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"]])
+                b = TensorDescriptor.from_tensor(x_q, [cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]])
+                jobs.append((_int8_gemm_tma_kernel, (a, b, out, scale, scale, bias, m, n, k, n, next_power_of_2(m)),
+                             {**common, **cfg.all_kwargs()}))
     index, count = shard
-    for kernel, args, consts, cfg in jobs[index::count]:
-        kernel.warmup(*args, grid=(1,), HAS_BIAS=has_bias, GROUP_M=8, **consts, **cfg.all_kwargs())
+    for kernel, args, kwargs in jobs[index::count]:
+        kernel.warmup(*args, grid=(1,), **kwargs)

@@ -108,8 +108,8 @@ def test_the_gemm_stage_gives_the_linear_stage_result_from_quantized_activations
 def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for_bit(m, n, k, dtype, with_bias,
                                                                                        seed, monkeypatch):
     """Decode rows quantize inside the GEMM (``_int8_decode_kernel``): the same int8 values and scales as
-    ``quantize_rows``, so the same output as the two launches (the path a shape may keep instead), with ragged
-    K, a zero row and a NaN row."""
+    ``quantize_rows``, so the same output as the two launches (the path a shape may keep instead), and either
+    call with half-width tiles the same again, with ragged K, a zero row and a NaN row."""
     from microscope_kernels.int8_linear import kernel
     from microscope_kernels.int8_linear.kernel import int8_gemm
 
@@ -121,9 +121,12 @@ def test_decode_rows_in_one_launch_equal_the_quantize_pass_then_the_gemm_bit_for
     bias = _randn((n,), seed + 2, dtype) if with_bias else None
     one_launch = int8_linear(x, w_q, w_scale, bias)
     two_launches = int8_gemm(*quantize_rows(x), w_q, w_scale, bias, dtype)
-    with monkeypatch.context() as patch:  # the path a GPU may time as the faster for this shape
-        patch.setitem(kernel._DECODE_PATH, (m, n, k, dtype, with_bias, x.device), "two_launches")
-        assert torch.equal(int8_linear(x, w_q, w_scale, bias).nan_to_num(), two_launches.nan_to_num())
+    for path in kernel._DECODE_PATHS:  # each path a GPU may time as the fastest for this shape
+        with monkeypatch.context() as patch:
+            patch.setitem(kernel._DECODE_PATH, (m, n, k, dtype, with_bias, x.device), path)
+            got = int8_linear(x, w_q, w_scale, bias)
+            assert torch.equal(got.isnan(), two_launches.isnan()), path
+            assert torch.equal(got.nan_to_num(), two_launches.nan_to_num()), path
     assert one_launch.dtype == dtype and torch.equal(one_launch.isnan(), two_launches.isnan())
     assert torch.equal(one_launch.nan_to_num(), two_launches.nan_to_num())
     assert bool(one_launch[m // 2].eq(0 if bias is None else bias).all())  # a zero row: bias alone
@@ -307,8 +310,9 @@ def test_decode_calls_go_straight_to_their_kernel_and_match_triton_s_dispatch(m,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_decode_shape_s_first_call_times_both_paths_and_keeps_one(seed, monkeypatch):
-    """A decode shape's first call on a GPU times the one launch against the two and keeps the faster: later
-    calls give the first call's output, the two launches' output, and only the one launch is bound."""
+    """A decode shape's first call on a GPU times the one launch against the two, each with wide and half-width
+    tiles, and keeps the fastest: later calls give the first call's output, the two launches' output, and only a
+    one launch is bound."""
     from microscope_kernels.int8_linear import kernel
 
     x = _randn((16, 4096), seed, torch.bfloat16)
@@ -318,8 +322,8 @@ def test_a_decode_shape_s_first_call_times_both_paths_and_keeps_one(seed, monkey
     monkeypatch.delitem(kernel._BOUND, key, raising=False)
     first = int8_linear(x, w_q, w_scale)
     path = kernel._DECODE_PATH[key]
-    assert path in ("one_launch", "two_launches")
-    assert (key in kernel._BOUND) == (path == "one_launch")
+    assert path in kernel._DECODE_PATHS
+    assert (key in kernel._BOUND) == path.startswith("one_launch")
     assert torch.equal(int8_linear(x, w_q, w_scale), first)
     assert torch.equal(first, kernel.int8_gemm(*quantize_rows(x), w_q, w_scale, None, torch.bfloat16))
 
