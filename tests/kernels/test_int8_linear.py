@@ -216,7 +216,7 @@ print(json.dumps(sizes))
 def test_every_descriptor_candidate_fits_a_hopper_block_s_shared_memory():
     """Each descriptor GEMM candidate, built for sm_90 without a GPU (``ptxas``), fits a block's shared memory:
     the autotuner would skip one that does not, but every run would pay its compile, and a test launching the
-    candidates fails on the GPU (one at 256 KiB did, on 2026-12-07)."""
+    candidates fails on the GPU (one at 256 KiB is the likely cause of such a failure on 2026-12-07)."""
     import json
     import os
     import subprocess
