@@ -6,6 +6,7 @@
 #   EXTRA="fused_layernorm_gelu:bench,launch safe_softmax:bench,bench_bwd" bash .ci/gpu_bench.sh
 #   ROOMS="int8_linear int4_weight_only" FLASH_CUDA=0 TESTS="tests/kernels/test_int8_linear.py" bash .ci/gpu_bench.sh
 #   the compression catalogue: ROOMS="int8_linear int4_weight_only act_compression_8bit binarize_ste magnitude_sparsity"
+#   a run an earlier call cut short, then two rooms: RESUME="scratch/runs/<run id>@260" ROOMS="int8_linear" bash .ci/gpu_bench.sh
 # First the GPU timing-mode and GPU-input tests and the flash_attn cuda profile, then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (every config with a bench profile), each under its own time limit;
@@ -55,6 +56,16 @@ python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "
 python3 -m pytest --version 2>&1 | head -1
 env | grep '^PYTEST' || echo "no PYTEST_* variables"
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
+# RESUME="folder[@seconds] ..." continues runs cut short by an earlier call (runs.tgz unpacked under scratch/),
+# before anything else (300 s each unless @ says): each folder is copied into this call's runs, so that its
+# records come back in runs.tgz with the rest
+for resume in ${RESUME:-}; do
+  limit=300
+  case $resume in *@*) limit=${resume##*@} resume=${resume%@*} ;; esac
+  mkdir -p "$WORK/runs" && cp -r "$resume" "$WORK/runs/"
+  step "resume-$(basename "$resume")" "$limit" python3 -m microscope.cli resume "$WORK/runs/$(basename "$resume")" \
+    --no-report --no-progress
+done
 # TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default);
 # TESTS_S: its time limit (150 s)
 # (stopped with SIGINT at its limit, on which pytest still prints the failures it has seen)
