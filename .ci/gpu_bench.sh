@@ -6,7 +6,7 @@
 #   EXTRA="fused_layernorm_gelu:bench,launch safe_softmax:bench,bench_bwd" bash .ci/gpu_bench.sh
 #   ROOMS="int8_linear int4_weight_only" FLASH_CUDA=0 TESTS="tests/kernels/test_int8_linear.py" bash .ci/gpu_bench.sh
 #   the compression catalogue: ROOMS="int8_linear int4_weight_only act_compression_8bit binarize_ste magnitude_sparsity"
-#   a run an earlier call cut short, then two rooms: RESUME="scratch/runs/<run id>@260" ROOMS="int8_linear" bash .ci/gpu_bench.sh
+#   a run an earlier call cut short, then a room: RESUME="scratch/runs/<run id>@260" ROOMS="int8_linear" bash .ci/gpu_bench.sh
 # First the GPU timing-mode and GPU-input tests and the flash_attn cuda profile, then
 #   microscope run ablations/<room>.yaml --device cuda --profile bench
 # for each room in ROOMS (every config with a bench profile), each under its own time limit;
