@@ -271,10 +271,11 @@ def _weight_args(w_q: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor
 
 
 def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-              bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+              bias: torch.Tensor | None, out_dtype: torch.dtype, *, narrow: bool = False) -> torch.Tensor:
     """``(x_q @ w_q^T) * x_scale[:, None] * w_scale[None, :] + bias`` in ``out_dtype``, from int8 (M, K)
     activations with per-row float32 scales and an int8 (N, K) weight with per-channel scales: the GEMM
-    and its fused epilogue alone, for callers that already hold quantized activations."""
+    and its fused epilogue alone, for callers that already hold quantized activations. ``narrow``: decode rows
+    take half-width tiles (``_blocks``)."""
     m, k = x_q.shape
     n = w_q.shape[0]
     out = torch.empty((m, n), device=x_q.device, dtype=out_dtype)
@@ -284,7 +285,7 @@ def int8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     w_q, w_scale = _weight_args(w_q, w_scale)
     operands = (x_q, x_scale, w_q, w_scale, bias, out)
     if m <= DECODE_ROWS or not _tma_fits(x_q, w_q):
-        _pointer_gemm(*operands)
+        _pointer_gemm(*operands, narrow=narrow)
         return out
     key = (next_power_of_2(m), n, k, out_dtype, bias is not None, x_q.device)
     path = _LARGE_PATH.get(key)
@@ -391,11 +392,7 @@ def _two_launches(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bi
     """The quantize pass, then the GEMM with its epilogue: (M, K) in, (M, N) in x's dtype out; ``narrow`` (decode
     rows): the GEMM's half-width tiles. Two launches are not bound as one: ``bind`` is unused."""
     x_q, x_scale = quantize_rows(x2)
-    if not narrow:
-        return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x2.dtype)
-    out = torch.empty((x2.shape[0], w_q.shape[0]), device=x2.device, dtype=x2.dtype)
-    _pointer_gemm(x_q, x_scale, *_weight_args(w_q, w_scale), bias, out, narrow=True)
-    return out
+    return int8_gemm(x_q, x_scale, w_q, w_scale, bias, x2.dtype, narrow=narrow)
 
 
 def _decode_args(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
