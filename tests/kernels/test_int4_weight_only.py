@@ -150,6 +150,30 @@ def test_every_loop_form_of_the_vector_kernel_gives_the_product(m, n, k, group, 
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k", "group", "block_k"), [(1, 33, 200, 64, 32), (5, 70, 500, 32, 64),
+                                                                (16, 65, 1024, 128, 256), (3, 17, 300, 128, 128)],
+                         ids=str)
+@pytest.mark.parametrize("weight_left", [False, True], ids=["weight right", "weight left"])
+def test_both_operand_orders_of_the_decode_gemm_give_the_product(m, n, k, group, block_k, weight_left, dtype, seed):
+    """The tensor-core GEMM with the weight as the dot's right operand (bytes, nibbles interleaved) and as its
+    left (int32 words, the product transposed) computes the same product: K tiles within a group and spanning
+    several, N and K of no tile, with and without a split of K (a split of 3 over 4 tiles leaves one program
+    none)."""
+    x = _randn((m, k), seed, dtype)
+    q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
+    bias = _randn((n,), seed + 2, dtype)
+    tiles = q4.packed.shape[1] * 2 // block_k
+    for block_n in (32, 64):
+        for split in sorted({1, 3, tiles}):
+            out = kernel._gemm_out(x, n, split > 1)
+            kernel._int4_gemm_kernel[(triton.cdiv(m, 16), triton.cdiv(n, block_n), split)](
+                *kernel._gemm_args(x, q4, bias, out, False), GROUP=group, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=block_n,
+                BLOCK_K=block_k, SPLIT_K=split, INTERPRET=interpreting(), IEEE=dtype == torch.float32,
+                WEIGHT_LEFT=weight_left, num_stages=3, num_warps=4)
+            _assert_product(out.to(dtype), x, q4, bias, note=f"{block_n} channels, split {split}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize(("n", "k", "group"), [(1, 1, 32), (33, 300, 32), (70, 513, 64), (40, 1000, 128),
                                                (37, 256, 128)], ids=str)
 def test_the_dequantizing_kernel_writes_the_reference_weight_bit_for_bit(n, k, group, dtype, seed):
