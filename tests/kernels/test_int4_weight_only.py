@@ -153,7 +153,7 @@ def test_every_loop_form_of_the_vector_kernel_gives_the_product(m, n, k, group, 
 @pytest.mark.parametrize(("m", "n", "k", "group", "block_k"), [(1, 33, 200, 64, 32), (5, 70, 500, 32, 64),
                                                                 (16, 65, 1024, 128, 256), (3, 17, 300, 128, 128)],
                          ids=str)
-@pytest.mark.parametrize("weight_left", [False, True], ids=["weight right", "weight left"])
+@pytest.mark.parametrize("weight_left", [False, True], ids=["weight_right", "weight_left"])
 def test_both_operand_orders_of_the_decode_gemm_give_the_product(m, n, k, group, block_k, weight_left, dtype, seed):
     """The tensor-core GEMM with the weight as the dot's right operand (bytes, nibbles interleaved) and as its
     left (int32 words, the product transposed) computes the same product: K tiles within a group and spanning
