@@ -8,6 +8,11 @@ applies its group's ``(q - zero) * scale`` and runs one dot product with a conti
 activations: no dequantized weight is ever written to memory. The tile's K extent divides the group (one
 scale and zero point per output channel) or spans whole groups (one per group and channel, broadcast).
 
+At decode the GEMM has a second form, autotuned beside the first: the weight tile is the dot's left operand
+and x's tile its right (the product comes out transposed), the weight read as int32 words whose eight values
+each take a constant shift and one AND-OR into ``1 + q / 16``: no nibbles are interleaved across registers and
+no float is subtracted, about a fifth fewer instructions a tile at the decode GEMM's larger tiles.
+
 Decode shapes have few output tiles to keep every SM streaming weights, so K may be split across
 programs that add their partial sums into a float32 buffer (``SPLIT_K``; atomics, so the last bits of
 a sum depend on the order the programs finish), at the price of zeroing it and casting it. On a GPU the
@@ -142,8 +147,9 @@ def _weight_left_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn,
     """``_weight_right_sums`` transposed, (BLOCK_N, BLOCK_M): the weight tile (channels, K) is the dot's left
     operand and x's tile (K, rows) its right. The weight is read as int32 words of eight values along K, each
     unpacked by a constant shift and one AND-OR (``_words_in_column_order``): no nibbles are interleaved
-    across registers, no float is subtracted, and on Hopper the dot takes the weight from registers. Fewer
-    instructions a value than the right-operand form (sm_90, 16 x 64 x 256: 801 against 986 a tile)."""
+    across registers and no float is subtracted. Fewer instructions a tile than the right-operand form (sm_90,
+    Triton 3.6, 16 x 64 x 256: 797 against 986; on Hopper the dot is a warpgroup MMA with the weight staged
+    through shared memory into registers)."""
     W32 = P.to(tl.pointer_type(tl.int32))
     stride_wn = stride_pn // 4
     rk = tl.arange(0, BLOCK_K)
