@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from microscope.stats.accuracy import seeds_needed_in
 from microscope.stats.latency import RELATIVE_LATENCY
 from microscope.stats.metrics import (
     FIGURES,
@@ -238,12 +239,24 @@ def _model_sentence(rows: pd.DataFrame, base: str, cand: str) -> tuple[str, tupl
             extra = "" if effect is None else f" (effect {effect:.3g}, CI {ci})"
             where = f" [{row['case_id']}]" if rows["case_id"].nunique() > 1 else ""
             items.append(f"{row['metric']}{where} {row['verdict'] or 'no verdict'}{extra}")
-        return f"{cand} vs {base}: " + "; ".join(items), tuple(rows["verdict"].unique())
+        return f"{cand} vs {base}: " + "; ".join(items) + _nearest_decision(rows), tuple(rows["verdict"].unique())
     counts = Counter(rows["verdict"])
     verdicts = [v for v in ("better", "worse", "higher", "lower", "identical", "non-inferior", "equivalent",
                             "inconclusive") if counts[v]]
     body = ", ".join(f"{v} in {counts[v]}" for v in verdicts) or "no verdicts"
-    return f"{cand} vs {base}: {body} of {len(rows)} {_unit(rows, n=len(rows))}", tuple(verdicts)
+    return (f"{cand} vs {base}: {body} of {len(rows)} {_unit(rows, n=len(rows))}" + _nearest_decision(rows),
+            tuple(verdicts))
+
+
+def _nearest_decision(rows: pd.DataFrame) -> str:
+    """"; val_loss needs about 9 seeds to decide": the inconclusive seed comparison closest to a verdict."""
+    open_rows = rows[rows["verdict"] == "inconclusive"]
+    needs = [(n, row["metric"]) for _, row in open_rows.iterrows()
+             if (n := seeds_needed_in(str(row.get("notes", "")))) is not None]
+    if not needs:
+        return ""
+    n, metric = min(needs, key=lambda item: item[0])
+    return f"; {metric} needs about {n} seeds to decide"
 
 
 def with_baselines(table: pd.DataFrame) -> pd.DataFrame:

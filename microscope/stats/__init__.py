@@ -23,6 +23,7 @@ from .accuracy import (
     compare_paired_accuracy,
     compare_seed_accuracy,
     compare_unpaired_accuracy,
+    estimate_seeds_needed,
 )
 from .bootstrap import DEFAULT_N_BOOT, make_rng, percentile_ci
 from .distributions import (
@@ -85,6 +86,7 @@ __all__ = [
     "count_nonfinite",
     "decide_latency",
     "estimate_rounds_needed",
+    "estimate_seeds_needed",
     "grad_norm_cv",
     "higher_is_better",
     "holm",

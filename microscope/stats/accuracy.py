@@ -37,6 +37,7 @@ non-inferiority margin ``m >= 0`` in metric units (from the config), checked in 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -52,11 +53,16 @@ __all__ = [
     "compare_paired_accuracy",
     "compare_seed_accuracy",
     "compare_unpaired_accuracy",
+    "estimate_seeds_needed",
+    "seeds_needed_in",
 ]
 
 ACCURACY_VERDICTS = ("identical", "better", "worse", "non-inferior", "equivalent", "inconclusive")
 #: Default replicates for accuracy bootstraps (token-level samples are large; 2000 keeps it fast).
 ACCURACY_N_BOOT = 2_000
+#: The most seeds a "seeds needed" estimate considers; past it the change is lost in the seed spread.
+SEEDS_NEEDED_CAP = 50
+_SEEDS_NEEDED = "about {} seeds would decide it"
 
 
 @dataclass(frozen=True)
@@ -368,5 +374,46 @@ def _seed_paired(base_seeds: ArrayLike, cand_seeds: ArrayLike, alpha: float, mar
                        p=1.0 if estimate == 0 else 0.0, notes=tuple(notes), **fields)
     res = sps.ttest_rel(c, b)
     ci = res.confidence_interval(confidence_level=1.0 - alpha)
-    return _finish(vargs, estimate=estimate, ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue),
-                   notes=tuple(notes), **fields)
+    out = _finish(vargs, estimate=estimate, ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue),
+                  notes=tuple(notes), **fields)
+    if out.verdict != "inconclusive":
+        return out
+    needed = estimate_seeds_needed(d, **vargs)
+    plan = (_SEEDS_NEEDED.format(needed) + " (80% power) at this mean and spread" if needed is not None else
+            f"more than {SEEDS_NEEDED_CAP} seeds at this mean and spread: the change is small against the seed spread")
+    return replace(out, notes=(*out.notes, f"{plan} (a planning estimate; workload.max_seeds adds seeds "
+                                           "with the error rate held)"))
+
+
+def estimate_seeds_needed(differences: ArrayLike, *, alpha: float = 0.05, margin: float = 0.0,
+                          higher_is_better: bool = False, power: float = 0.8,
+                          cap: int = SEEDS_NEEDED_CAP) -> int | None:
+    """Rough number of seeds for a paired t over seeds to decide (not "inconclusive") with probability
+    ``power``, if the per-seed differences keep this mean and spread; None past ``cap``.
+
+    The CI half-width at n seeds is inflated from ``t_{1-alpha/2}`` to ``t_{1-alpha/2} + t_power`` standard
+    errors (the usual sample-size margin, as ``estimate_rounds_needed`` does for latency): aiming the CI's
+    edge exactly at the boundary would decide only half the time.
+    """
+    d = _as_1d(differences, "differences")
+    d = d[np.isfinite(d)]
+    if d.size < 2:
+        return None
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0:
+        return None
+    for n in range(2, cap + 1):
+        se = sd / math.sqrt(n)
+        half = float(sps.t.ppf(1.0 - alpha / 2, n - 1) + sps.t.ppf(power, n - 1)) * se
+        p = 2.0 * float(sps.t.sf(abs(mean) / se, n - 1))
+        verdict = accuracy_verdict(mean - half, mean + half, p, alpha=alpha, margin=margin,
+                                   higher_is_better=higher_is_better)
+        if verdict != "inconclusive":
+            return n
+    return None
+
+
+def seeds_needed_in(notes: str) -> int | None:
+    """The seeds-needed estimate a seed comparison's notes carry, if any (for headlines)."""
+    found = re.search(_SEEDS_NEEDED.replace("{}", r"(\d+)"), notes)
+    return int(found.group(1)) if found else None

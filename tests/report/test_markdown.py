@@ -208,3 +208,30 @@ def test_a_distributed_arm_against_one_process_gets_its_scaling_efficiency() -> 
     # both arms on ranks (ddp vs zero3): no single-process speed to scale from
     lines = [h.text for h in from_comparison(table, {"ddp": 4, "single": 4}) if h.dimension == "throughput"]
     assert lines == ["ddp vs single: train_tokens_per_s ×3.2 (rates; no statistical test)"]
+
+
+def test_an_undecided_model_accuracy_headline_names_the_metric_closest_to_a_decision() -> None:
+    """The accuracy sentence says how many seeds the nearest inconclusive metric would need, from the
+    estimate the seed comparison put in its notes; a decided table says nothing of seeds."""
+    from microscope.report.headline import from_comparison
+    from microscope.stats import TABLE_COLUMNS, compare_seed_accuracy, estimate_seeds_needed
+
+    base = [2.01, 2.11, 2.12]
+    shifts = {"val_loss": [0.05, -0.12, -0.05], "decode_loss": [0.02, -0.15, 0.01], "val_ppl": [0.3, -0.1, -0.3]}
+
+    def row(metric: str, shift: list[float]) -> dict:
+        res = compare_seed_accuracy(base, [b + s for b, s in zip(base, shift)], method="paired")
+        r = dict.fromkeys(TABLE_COLUMNS, "")
+        r.update(plugin="sliding_window_attention", case_id="profile=gpu,task=lm", dimension="accuracy",
+                 metric=metric, baseline="full", candidate="window", role="candidate",
+                 baseline_value=res.base_mean, candidate_value=res.cand_mean, ratio_or_delta=res.estimate,
+                 ci_low=res.ci_low, ci_high=res.ci_high, verdict=res.verdict, notes="; ".join(res.notes))
+        return r
+
+    table = pd.DataFrame([row(m, s) for m, s in shifts.items()])
+    need = {m: estimate_seeds_needed(s) for m, s in shifts.items()}
+    nearest = min((n, m) for m, n in need.items() if n is not None)
+    lines = [h.text for h in from_comparison(table) if h.dimension == "accuracy"]
+    assert len(lines) == 1 and lines[0].endswith(f"; {nearest[1]} needs about {nearest[0]} seeds to decide")
+    decided = pd.DataFrame([row("val_loss", [0.10, 0.12, 0.09])])
+    assert "seeds" not in " ".join(h.text for h in from_comparison(decided) if h.dimension == "accuracy")

@@ -11,6 +11,7 @@ from microscope.stats import (
     compare_paired_accuracy,
     compare_seed_accuracy,
     compare_unpaired_accuracy,
+    estimate_seeds_needed,
 )
 
 
@@ -164,3 +165,42 @@ def test_training_noise_is_not_a_verdict_when_the_seed_is_the_unit():
         seed_calls += by_seed.verdict in ("better", "worse")
     assert pooled_calls >= 20  # the flaw the seed-level test removes
     assert seed_calls <= 4
+
+
+def _decided_share(mean, sd, n, trials, rng, **kw):
+    """Share of simulated n-seed runs whose paired t over seeds is not inconclusive."""
+    decided = 0
+    for _ in range(trials):
+        base = rng.normal(2.0, 0.3, n)
+        res = compare_seed_accuracy(base, base + rng.normal(mean, sd, n), method="paired", **kw)
+        decided += res.verdict != "inconclusive"
+    return decided / trials
+
+
+@pytest.mark.parametrize("mean, sd, margin", [(-0.05, 0.06, 0.0), (0.002, 0.02, 0.03), (-0.01, 0.03, 0.02)])
+def test_the_seeds_needed_estimate_decides_about_as_often_as_its_power_says(mean, sd, margin):
+    """At the estimated number of seeds, runs with that true mean and spread decide about 80% of the time;
+    at half as many, clearly less often."""
+    rng = np.random.default_rng(5)
+    shape = rng.standard_normal(400)
+    exact = mean + sd * (shape - shape.mean()) / shape.std(ddof=1)  # the true mean and spread, exactly
+    need = estimate_seeds_needed(exact, margin=margin)
+    assert need is not None and need >= 4
+    at_need = _decided_share(mean, sd, need, 300, rng, margin=margin)
+    at_half = _decided_share(mean, sd, max(2, need // 2), 300, rng, margin=margin)
+    assert 0.65 <= at_need <= 0.95
+    assert at_half < at_need - 0.15
+
+
+def test_an_inconclusive_seed_comparison_notes_the_seeds_a_decision_needs():
+    base = np.array([2.01, 2.11, 2.12])
+    inconclusive = compare_seed_accuracy(base, base + np.array([0.05, -0.12, -0.05]), method="paired")
+    assert inconclusive.verdict == "inconclusive"
+    need = estimate_seeds_needed(np.array([0.05, -0.12, -0.05]))
+    assert need is not None and need > 3
+    assert any(f"about {need} seeds would decide it" in n for n in inconclusive.notes)
+    decided = compare_seed_accuracy(base, base + np.array([0.10, 0.12, 0.09]), method="paired")
+    assert decided.verdict == "worse" and not any("seeds would decide" in n for n in decided.notes)
+    lost = compare_seed_accuracy(base, base + np.array([0.05, -0.05, 0.001]), method="paired")
+    assert estimate_seeds_needed(np.array([0.05, -0.05, 0.001])) is None
+    assert any("more than 50 seeds" in n for n in lost.notes)
