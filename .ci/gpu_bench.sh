@@ -56,15 +56,18 @@ python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "
 python3 -m pytest --version 2>&1 | head -1
 env | grep '^PYTEST' || echo "no PYTEST_* variables"
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
-# RESUME="folder[@seconds] ..." continues runs cut short by an earlier call (runs.tgz unpacked under scratch/),
-# before anything else (300 s each unless @ says): each folder is copied into this call's runs, so that its
-# records come back in runs.tgz with the rest
+# RESUME="folder[@seconds][+key=value...] ..." continues runs cut short by an earlier call (runs.tgz unpacked
+# under scratch/), before anything else (300 s each unless @ says): each folder is copied into this call's runs,
+# so that its records come back in runs.tgz with the rest. +key=value changes the run's overrides
+# (resume --set ... --force), e.g. +workload.seeds=5 adds seeds to a finished model-level run
 for resume in ${RESUME:-}; do
-  limit=300
+  limit=300 sets=()
+  case $resume in *+*) IFS=+ read -r -a sets <<<"${resume#*+}"; resume=${resume%%+*} ;; esac
   case $resume in *@*) limit=${resume##*@} resume=${resume%@*} ;; esac
+  [ ${#sets[@]} -gt 0 ] && sets=(--set "${sets[@]}" --force)
   mkdir -p "$WORK/runs" && cp -r "$resume" "$WORK/runs/"
   step "resume-$(basename "$resume")" "$limit" python3 -m microscope.cli resume "$WORK/runs/$(basename "$resume")" \
-    --no-report --no-progress
+    "${sets[@]}" --no-report --no-progress
 done
 # TESTS: the pytest arguments of the GPU test step (the timing-mode and GPU-input tests by default);
 # TESTS_S: its time limit (150 s)

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                        ("--verbose", "also print every comparison row")):
         res.add_argument(flag, action="store_true", help=text)
     res.add_argument("--reports", type=Path, default=None, help="where the reports go (default: the run's folder)")
+    res.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                     help="change the run's overrides (with --force), e.g. workload.seeds=5 to add seeds to a "
+                          "finished run: only the groups it lacks run")
     _executor_arguments(res)
     rep = sub.add_parser("report", help="rebuild the reports of a saved run (nothing is rerun)")
     rep.add_argument("results_dir", type=Path, help="e.g. results/20261202-101500-flash_attn")

@@ -107,7 +107,7 @@ def _overrides(args: argparse.Namespace) -> dict:
         overrides = dict(cfgmod.parse_assignment(item) for item in args.set)
     except cfgmod.ConfigError as exc:
         raise UserError(str(exc)) from exc
-    if args.seed is not None:
+    if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
     if getattr(args, "profile", None) is not None:
         overrides[cfgmod.PROFILE_KEY] = args.profile
@@ -132,12 +132,15 @@ def _resume(run_dir: Path, console: Console, *, args: argparse.Namespace) -> int
             raise UserError(str(exc)) from exc
         problems = state.mismatch(config_path, device, quick, overrides)
     else:
-        config_path, device, quick, overrides = Path(state.config), state.device, state.quick, state.overrides
+        config_path, device, quick = Path(state.config), state.device, state.quick
+        overrides = {**state.overrides, **_overrides(args)}
         problems = state.mismatch(config_path, device, quick, overrides) if config_path.exists() else [
             f"the config {config_path} no longer exists"]
     if problems and not args.force:
         raise UserError(f"{run_dir}: cannot resume: " + "; ".join(problems) + "; resume with the same config and "
                         "options, or add --force to continue anyway")
+    if problems:  # forced: run.json takes the new arguments, so a later plain resume continues them
+        state.adopt(config_path, device, quick, overrides)
     resumed = argparse.Namespace(**{"out": Path(run_dir).parent, **vars(args), "config": Path(config_path),
                                     "quick": quick})
     return _execute(resumed, console, device, overrides, run_dir=Path(run_dir), state=state)
@@ -182,6 +185,7 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
                               device=device, quick=args.quick, overrides=overrides, executor=kind,
                               groups_planned=planned)
     state.status, state.resumes = "running", state.resumes + (run_dir is not None)
+    state.groups_planned = planned  # a forced resume may plan more groups (more seeds) than the start did
     state.save(runner.out_dir)
     spec = RunSpec(config_path=str(args.config.resolve()), device=device, quick=args.quick, overrides=overrides,
                    run_id=runner.run_id, out_root=str(Path(out_root).resolve()), env=runner.env, cwd=str(Path.cwd()),

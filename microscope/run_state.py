@@ -52,6 +52,12 @@ class RunState:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: not a run state file ({exc})") from exc
 
+    def adopt(self, config_path: Path, device: str, quick: bool, overrides: dict[str, Any]) -> None:
+        """Take a forced resume's arguments (e.g. ``workload.seeds`` raised to add seeds to a finished run)."""
+        config_path = Path(config_path).resolve()
+        self.config, self.config_hash = str(config_path), config_hash(config_path.read_text(encoding="utf-8"))
+        self.device, self.quick, self.overrides = device, quick, dict(overrides)
+
     def mismatch(self, config_path: Path, device: str, quick: bool, overrides: dict[str, Any]) -> list[str]:
         """What differs between this run's start and a resume's arguments (empty: the same run)."""
         problems = []

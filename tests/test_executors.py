@@ -246,6 +246,56 @@ def test_resume_refuses_a_changed_config_unless_forced(tmp_path: Path, capsys: p
     assert cli.main(["resume", str(tmp_path / "nothing"), "--no-progress"]) == 2
 
 
+TWO_ARMS = '''
+from microscope.api import Ablation, Arm, Role, register
+
+
+@register("two_quick_arms")
+class TwoQuickArms(Ablation):
+    """A baseline and an arm that trains the same model: seeds that take a second each."""
+
+    arms = {"base": Arm(Role.BASELINE, "the workload as is"),
+            "same": Arm(description="no patch", patch=lambda model: None)}
+'''
+
+
+def test_a_forced_resume_adds_seeds_to_a_finished_run_and_remembers_them(tmp_path: Path) -> None:
+    """Raising ``workload.seeds`` on a finished model-level run trains only the new seeds, keeps the old ones bit
+    for bit, and run.json takes the new count, so a later plain resume continues the larger run."""
+    (tmp_path / "two_arms.py").write_text(TWO_ARMS)
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text("plugin: two_quick_arms\nplugins: [two_arms.py]\nlevel: model\nworkload:\n  seeds: 1\n"
+                   "  steps: 3\n  batch_size: 4\n  eval_tokens: 256\n  decode_tokens: 2\n"
+                   "  model: {d_model: 32, n_heads: 2, context: 32}\n  corpus: {max_bytes: 1000000}\n"
+                   "dimensions: {throughput: {enabled: false}, memory: {enabled: false}}\n")
+    out = tmp_path / "runs"
+    assert _run([str(cfg), "--out", str(out), "--executor", "inline"]) in (0, 1)
+    run_dir = _only_run(out)
+    first = _records(run_dir)
+    groups = [e["group"] for e in read_group_log(run_dir)]
+    assert groups[-1] == "seed 0"
+    more = ["--set", "workload.seeds=2", "--executor", "inline", "--no-progress", "--no-report"]
+    assert cli.main(["run", str(cfg), "--resume", str(run_dir), *more]) == 2  # a changed run needs --force
+    assert cli.main(["run", str(cfg), "--resume", str(run_dir), *more, "--force"]) in (0, 1)
+    assert [e["group"] for e in read_group_log(run_dir)] == [*groups, "seed 1"]
+    two = _records(run_dir)
+    (seed_0,) = {r["seed"] for r in first}
+    assert len({r["seed"] for r in two}) == 2 and len(two) == 2 * len(first)
+    assert _accuracy_values([r for r in two if r["seed"] == seed_0]) == _accuracy_values(first)
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["overrides"] == {"workload.seeds": 2} and state["groups_planned"] == len(groups) + 1
+    # the same through ``resume --set``, on top of the overrides run.json now holds
+    more = ["--set", "workload.seeds=3", "--executor", "inline", "--no-progress", "--no-report"]
+    assert cli.main(["resume", str(run_dir), *more]) == 2
+    assert cli.main(["resume", str(run_dir), *more, "--force"]) in (0, 1)
+    got = _records(run_dir)
+    assert len({r["seed"] for r in got}) == 3 and len(got) == 3 * len(first)
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["overrides"] == {"workload.seeds": 3} and state["status"] == "complete"
+    assert cli.main(["resume", str(run_dir), "--no-progress", "--no-report", "--executor", "inline"]) in (0, 1)
+    assert len(_records(run_dir)) == len(got)  # nothing left to run, nothing run twice
+
+
 def test_max_wall_s_leaves_a_resumable_partial_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = _toy_config(tmp_path, "[9, 17, 33]")
     code = _run([str(cfg), "--out", str(tmp_path), "--executor", "inline", "--set", "executor.max_wall_s=0.001"])
