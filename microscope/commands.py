@@ -180,7 +180,12 @@ def _execute(args: argparse.Namespace, console: Console, device: str, overrides:
             raise UserError(str(exc)) from exc
     else:
         (runner.out_dir / "config.yaml").write_text(text, encoding="utf-8")
-    planned = sum(len(b) for b in runner.planned_groups())
+    plan = [group.key for batch in runner.planned_groups() for group in batch]
+    if previous is not None and (dropped := [key for key in previous.done if key not in plan]):
+        raise UserError(f"{run_dir}: cannot resume: it holds finished groups this plan no longer has "
+                        f"({', '.join(dropped)}); a resume adds groups (e.g. a larger workload.seeds), it cannot "
+                        "remove them: start a new run with these settings")
+    planned = len(plan)
     state = state or RunState(config=str(args.config.resolve()), config_hash=runner.env.get("config_hash", ""),
                               device=device, quick=args.quick, overrides=overrides, executor=kind,
                               groups_planned=planned)

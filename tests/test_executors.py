@@ -259,7 +259,8 @@ class TwoQuickArms(Ablation):
 '''
 
 
-def test_a_forced_resume_adds_seeds_to_a_finished_run_and_remembers_them(tmp_path: Path) -> None:
+def test_a_forced_resume_adds_seeds_to_a_finished_run_and_remembers_them(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
     """Raising ``workload.seeds`` on a finished model-level run trains only the new seeds, keeps the old ones bit
     for bit, and run.json takes the new count, so a later plain resume continues the larger run."""
     (tmp_path / "two_arms.py").write_text(TWO_ARMS)
@@ -292,6 +293,10 @@ def test_a_forced_resume_adds_seeds_to_a_finished_run_and_remembers_them(tmp_pat
     assert len({r["seed"] for r in got}) == 3 and len(got) == 3 * len(first)
     state = json.loads((run_dir / "run.json").read_text())
     assert state["overrides"] == {"workload.seeds": 3} and state["status"] == "complete"
+    fewer = ["--set", "workload.seeds=1", "--force", "--no-progress", "--no-report"]
+    assert cli.main(["resume", str(run_dir), *fewer]) == 2  # finished seeds are never silently dropped
+    assert "cannot remove them" in capsys.readouterr().err
+    assert json.loads((run_dir / "run.json").read_text())["overrides"] == {"workload.seeds": 3}
     assert cli.main(["resume", str(run_dir), "--no-progress", "--no-report", "--executor", "inline"]) in (0, 1)
     assert len(_records(run_dir)) == len(got)  # nothing left to run, nothing run twice
 
