@@ -127,5 +127,8 @@ builds=$(for run in runs/*/; do
     "$run"workers/worker-*.log 2>/dev/null
 done)
 for f in ./*.txt; do echo "== $f"; grep -v "^ *$" "$f" | head -40; done
+# KEEP_RUNS: a folder of the tree (an ignored one, e.g. build/runs) that keeps this call's run folders whole, for
+# a later call on the same warm machine to RESUME from (a model-level run's folder can exceed what a call carries)
+if [ -n "${KEEP_RUNS:-}" ]; then mkdir -p "$REPO/$KEEP_RUNS" && cp -r runs/. "$REPO/$KEEP_RUNS/"; fi
 cd "$OUT" && rm -rf "$WORK"
 printf '%s\n' "${summary[@]}" "$builds" | tee "$OUT/summary.txt"
