@@ -57,6 +57,11 @@ def plan_arms(plugin: Ablation, config: RunConfig) -> list[tuple[str, Arm]]:
     return sorted(arms, key=lambda na: _ROLE_ORDER[na[1].role])
 
 
+def _seed_group(k: int, names: tuple[str, ...]) -> Group:
+    """Seed ``k``'s trial group, named as its records and groups.jsonl name it (from 0)."""
+    return Group(f"seed {k}", f"seed {k}", names)
+
+
 class ModelRunner(RunBase):
     """Runs one model-level config for one plugin on one device; writes ``<out>/<run_id>/records.jsonl``."""
 
@@ -150,13 +155,13 @@ class ModelRunner(RunBase):
         if self.config.instrument.enabled:
             yield [Group(INSTRUMENTS_GROUP, "instruments", names)]
         workload = self.config.workload
-        yield [Group(f"seed {k}", f"seed {k + 1}", names) for k in range(workload.seeds)]
+        yield [_seed_group(k, names) for k in range(workload.seeds)]
         sequential = self._sequential()
         if sequential is None:
             return
         completed = workload.seeds
         while completed < sequential.max_seeds and not self._decided(sequential, completed):
-            yield [Group(f"seed {completed}", f"seed {completed + 1}", names)]
+            yield [_seed_group(completed, names)]
             completed += 1
         if sequential.seeds_run != completed:  # the budget ran out: the last look
             self._decided(sequential, completed)
@@ -165,7 +170,7 @@ class ModelRunner(RunBase):
     def planned_groups(self) -> list[list[Group]]:
         names = tuple(n for n, _ in self.arms())
         first = [[Group(INSTRUMENTS_GROUP, "instruments", names)]] if self.config.instrument.enabled else []
-        return first + [[Group(f"seed {k}", f"seed {k + 1}", names) for k in range(self.config.workload.seeds)]]
+        return first + [[_seed_group(k, names) for k in range(self.config.workload.seeds)]]
 
     def run_group(self, group: Group, exclude: frozenset[str] = frozenset()) -> None:
         self._group = group.key
@@ -182,7 +187,7 @@ class ModelRunner(RunBase):
         baseline = BaselineRef(keep_weights=any(arm.inference_only or arm.distill for _, arm in active))
         for name, arm in active:
             self.mark(name)
-            self.on_progress(f"seed {k + 1}/{self.config.workload.seeds}: {name}")
+            self.on_progress(f"seed {k} ({k + 1} of {self.config.workload.seeds}): {name}")
             notes = [INTERPRETER_NOTE] if self.interpreted and "triton" in arm.needs else []
             emit = functools.partial(self._emit, seeds.trial, name, arm)
             trial = Trial(arm, seeds, self.config.workload, data, self.device, plan, emit, baseline, notes,
