@@ -9,9 +9,11 @@ to (``{"device": "cpu", "cpu_capability": "AVX2"}``). Timing metrics are never s
 statistically.
 
 A CPU's SIMD level changes the last bits of a kernel run through the Triton interpreter (numpy's exp and
-sums) and of torch's CPU kernels, so a CPU class names the levels torch and numpy dispatch to. One file holds one
-set of values per class (``baseline save`` adds or replaces this machine's); a check uses the class of
-the machine its runs came from, and says so when the file has none for it.
+sums) and of torch's CPU kernels, and so does the CPU itself at the same levels (an fp32 softmax's error read 2%
+apart on an AMD EPYC and an Intel Xeon, both AVX512, and on the Xeon it also moved between runs, in 1 of 5), so a
+CPU class names the levels torch and numpy dispatch to and the CPU's model. One file holds one set of values per
+class (``baseline save`` adds or replaces this machine's); a check uses the class of the machine its runs came
+from, and says so when the file has none for it.
 
 Default tolerances when a baseline is saved: 0 for memory and whole numbers (counts, bytes), 1e-9
 relative for operator numerics (the float64 error sums may be reduced in another order on another
@@ -37,7 +39,7 @@ __all__ = ["EXACT_DIMENSIONS", "BaselineError", "BaselineFile", "number", "Exact
 
 FORMAT, VERSION = "microscope-exact-baseline", 2
 #: The keys of a machine class besides ``device``, per device; each is read from the runs' recorded environment.
-CLASS_KEYS = {"cpu": ("cpu_capability", "numpy_simd")}
+CLASS_KEYS = {"cpu": ("cpu_capability", "numpy_simd", "cpu_model")}
 #: Dimensions whose metrics may be exact on a CPU; throughput (time and rates) never is.
 EXACT_DIMENSIONS = ("accuracy", "memory", "stability", "generalization")
 NUMERICS_RTOL, MODEL_RTOL = 1e-9, 1e-5
@@ -88,8 +90,8 @@ class ExactMetric:
 
 
 def machine_class(device: str, env: dict[str, Any]) -> dict[str, str]:
-    """The class a run's values hold on: its device and, on a CPU, torch's and numpy's SIMD levels where
-    recorded."""
+    """The class a run's values hold on: its device and, on a CPU, torch's and numpy's SIMD levels and the
+    CPU's model where recorded."""
     found = {"device": device}
     for key in CLASS_KEYS.get(device, ()):
         if env.get(key) not in (None, ""):

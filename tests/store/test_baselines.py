@@ -81,16 +81,23 @@ def test_one_file_holds_each_cpu_class_and_a_check_uses_the_runs_class(tmp_path)
         baseline, _ = baseline_from_runs(runs, "nightly_cpu")
         baseline.save(path)
     held = BaselineFile.load(path)
-    assert [c.applies_to for c in held.classes] == [{"device": "cpu", "cpu_capability": "AVX512"},
-                                                    {"device": "cpu", "cpu_capability": "AVX2"}]
+    assert [c.applies_to for c in held.classes] == [
+        {"device": "cpu", "cpu_capability": "AVX512", "cpu_model": "AMD EPYC"},
+        {"device": "cpu", "cpu_capability": "AVX2", "cpu_model": "AMD EPYC"}]
     for runs in (avx2, avx512):
         report = check_runs(held, runs)
         assert not report.problems and not report.differs and {c.status for c in report.checks} == {"same"}
     assert check_runs(held.classes[1], avx512).problems  # one class alone refuses runs of another
     other = _cpu_night(tmp_path / "neon", 3, "DEFAULT")
     (problem,) = check_runs(held, [other]).problems
-    assert "holds values for cpu (cpu_capability AVX512); cpu (cpu_capability AVX2)" in problem
-    assert "ran on cpu (cpu_capability DEFAULT)" in problem
+    assert ("holds values for cpu (cpu_capability AVX512, cpu_model AMD EPYC); "
+            "cpu (cpu_capability AVX2, cpu_model AMD EPYC)") in problem
+    assert "ran on cpu (cpu_capability DEFAULT, cpu_model AMD EPYC)" in problem
+    # the same SIMD level on another CPU is another class: its last bits are its own
+    intel = write_night(tmp_path / "intel", Night(4, device="cpu", env={
+        "device_name": "cpu", "cpu_model": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512", "host_cpus": 2}))
+    (problem,) = check_runs(held, [intel]).problems
+    assert "ran on cpu (cpu_capability AVX512, cpu_model Intel(R) Xeon(R) Processor)" in problem
     assert "microscope baseline save RUN_DIR nightly_cpu" in problem
     with pytest.raises(BaselineError, match="a baseline's values hold for one class"):
         baseline_from_runs([avx2[0], avx512[0]], "mixed")
