@@ -11,7 +11,9 @@ scale and zero point per output channel) or spans whole groups (one per group an
 At decode the GEMM has a second form, autotuned beside the first: the weight tile is the dot's left operand
 and x's tile its right (the product comes out transposed), the weight read as int32 words whose eight values
 each take a constant shift and one AND-OR into ``1 + q / 16``: no nibbles are interleaved across registers and
-no float is subtracted, about a fifth fewer instructions a tile at the decode GEMM's larger tiles.
+no float is subtracted, about a fifth fewer instructions a tile at the decode GEMM's larger tiles. A third form
+(bf16) makes the weight in bf16 with packed arithmetic: two values take one LOP3, one packed add and one packed
+multiply (inline PTX; the same roundings in float32 under the interpreter).
 
 Decode shapes have few output tiles to keep every SM streaming weights, so K may be split across
 programs that add their partial sums into a float32 buffer (``SPLIT_K``; atomics, so the last bits of
@@ -51,7 +53,7 @@ import triton
 import triton.language as tl
 from microscope_kernels.autotune_timing import bench_candidate
 from microscope_kernels.direct_launch import BoundLaunch, DirectLauncher, cdiv, next_power_of_2
-from microscope_kernels.fp32_dot import mma
+from microscope_kernels.fp32_dot import mma, round_to
 from microscope_kernels.input_checks import check_float_input, checked_bias
 from microscope_kernels.path_choice import fastest_path
 
@@ -75,9 +77,10 @@ def _dequant_shift(zero, scale, IEEE: tl.constexpr):
 def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, stride_pn, stride_cm, M_BUCKET,
                       NIBBLE_MASK, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr,
-                      IEEE: tl.constexpr, WEIGHT_LEFT: tl.constexpr = False):
+                      IEEE: tl.constexpr, WEIGHT_LEFT: tl.constexpr = False, PACKED: tl.constexpr = False):
     """C = X @ dequant(P)^T (+ BIAS). With SPLIT_K > 1, C is a zeroed float32 buffer the programs add into.
-    ``WEIGHT_LEFT`` takes the weight tile as the dot's left operand (``_weight_left_sums``), a decode form."""
+    ``WEIGHT_LEFT`` takes the weight tile as the dot's left operand (``_weight_left_sums``), a decode form;
+    ``PACKED`` with it makes the weight tile in x's dtype by packed arithmetic (``_packed_sums``)."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,7 +88,10 @@ def _int4_gemm_kernel(X, P, S, Z, BIAS, C, M, N, K, KP, GROUPS, stride_xm, strid
     per_split = tl.cdiv(tiles, SPLIT_K)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, tiles)
-    if WEIGHT_LEFT:
+    if PACKED:
+        acc = tl.trans(_packed_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn, first, last,
+                                    NIBBLE_MASK, GROUP, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET))
+    elif WEIGHT_LEFT:
         acc = tl.trans(_weight_left_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn, first, last,
                                          NIBBLE_MASK, GROUP, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, IEEE))
     else:
@@ -179,6 +185,94 @@ def _weight_left_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn,
             wt = (q16 * (16.0 * scale) - (16.0 + zero) * scale).to(xt.dtype)
         acc = mma(wt, xt, acc, INTERPRET, IEEE)
     return acc
+
+
+@triton.jit
+def _packed_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn, first, last, NIBBLE_MASK,
+                 GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """``_weight_left_sums`` for bf16 x with the weight made in bf16 by packed arithmetic (``_packed_weights``):
+    two values a LOP3, a packed add and a packed multiply, about half the loop's instructions a weight of the
+    float32 forms. The tile's columns are in pair order and x's rows are permuted to match, so the sum over K is
+    the same sum."""
+    W32 = P.to(tl.pointer_type(tl.int32))
+    stride_wn = stride_pn // 4
+    G: tl.constexpr = (BLOCK_K + GROUP - 1) // GROUP  # groups a tile spans (a tile within a group: one)
+    rk = tl.arange(0, BLOCK_K)
+    w = tl.arange(0, BLOCK_K // 8)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BLOCK_K
+        words = tl.load(W32 + rn[:, None] * stride_wn + (k0 // 8 + w)[None, :], mask=rn[:, None] < N, other=0)
+        g = k0 // GROUP + tl.arange(0, G)  # the tile's groups: one, or several whole ones
+        scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rn[:, None] < N, other=0.0)
+        zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rn[:, None] < N, other=0.0)
+        xt = tl.load(X + rm[None, :] * stride_xm + (k0 + rk)[:, None],
+                     mask=(rm[None, :] < M) & (k0 + rk[:, None] < K), other=0.0)
+        # x's rows in pair order: column 8 w + 4 i + 2 l + k to position 8 w + 4 l + 2 k + i
+        xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_K // 8, 2, 2, 2, BLOCK_M)), (0, 2, 3, 1, 4)),
+                        (BLOCK_K, BLOCK_M))
+        wt = _packed_weights(words, zero, scale, xt.dtype, INTERPRET)
+        if INTERPRET:  # exact products and float32 sums, as the tensor cores give them
+            acc = tl.dot(wt.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wt, xt, acc)
+    return acc
+
+
+def _packed_weights_asm() -> tl.constexpr:
+    """The PTX of ``_packed_weights``: $8 the word, $9 -(128 + zero) and $10 the scale in bf16; $0-$7 its values."""
+    lop3 = "lop3.b32 t{i}, {src}, 0x000F000F, 0x43004300, 0xEA;"  # (src & 0x000F000F) | (128, 128)
+    lines = [lop3.format(i=0, src="$8")]
+    for i in (1, 2, 3):
+        lines += [f"shr.u32 q, $8, {4 * i};", lop3.format(i=i, src="q")]
+    lines += [f"fma.rn.bf16x2 t{i}, t{i}, one, z;" for i in range(4)]  # 128 + q - (128 + zero): q - zero, exactly
+    lines += [f"fma.rn.bf16x2 t{i}, t{i}, s, nz;" for i in range(4)]  # (q - zero) * scale, rounded once
+    lines += [f"mov.b32 {{${i}, ${i + 4}}}, t{i};" for i in range(4)]  # t_i holds values i (low) and i + 4
+    return tl.constexpr("{ .reg .b32 q, t0, t1, t2, t3, z, s, one, nz; mov.b32 z, {$9, $9}; mov.b32 s, {$10, $10}; "
+                        "mov.b32 one, 0x3F803F80; mov.b32 nz, 0x80008000; " + " ".join(lines) + " }")
+
+
+_PACKED_WEIGHTS = _packed_weights_asm()
+
+
+@triton.jit
+def _packed_weights(words, zero, scale, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """(N, W) int32 words of eight 4-bit values, with the (N, G) integer zero points and scales of the G groups
+    they span -> (N, 8 W) ``(q - zero) * scale`` in bf16: the scale rounded to bf16, then the product, so within
+    one more rounding of the reference's weight. Columns in pair order: value j of word w at column 8 w + p with
+    j = 2 l + k + 4 i for p = 4 l + 2 k + i, so that each 32-bit register of a dot operand holds values i and
+    i + 4 of a word. On a GPU one LOP3 puts those two, 16 bits apart, into the mantissas of the pair (128, 128)
+    (bf16's unit in the last place there is 1), one packed add takes 128 + zero off both, exactly, and one packed
+    multiply scales them: no value is moved between registers. The interpreter computes the same roundings in
+    float32 (``round_to``). Not fp16: its range would round small scales to subnormals."""
+    tl.static_assert(DTYPE == tl.bfloat16, "the packed form is for bf16")
+    if INTERPRET:
+        s = _per_word(round_to(scale, DTYPE, INTERPRET).to(tl.float32), words.shape[1])
+        z = _per_word(zero, words.shape[1])
+        v0 = round_to((((words >> 0) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v1 = round_to((((words >> 4) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v2 = round_to((((words >> 8) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v3 = round_to((((words >> 12) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v4 = round_to((((words >> 16) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v5 = round_to((((words >> 20) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v6 = round_to((((words >> 24) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+        v7 = round_to((((words >> 28) & 0xF).to(tl.float32) - z) * s, DTYPE, INTERPRET)
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _PACKED_WEIGHTS, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h",
+            [words, _per_word((-(128.0 + zero)).to(tl.bfloat16), words.shape[1]),
+             _per_word(scale.to(tl.bfloat16), words.shape[1])],
+            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # join(a, b) adds a last axis of two; position 4 l + 2 k + i takes value 2 l + k + 4 i
+    eight = tl.join(tl.join(tl.join(v0, v2), tl.join(v1, v3)), tl.join(tl.join(v4, v6), tl.join(v5, v7)))
+    return tl.reshape(eight, (words.shape[0], words.shape[1] * 8))
+
+
+@triton.jit
+def _per_word(x, W: tl.constexpr):
+    """(N, G) values of G groups -> (N, W) values of their W words, W / G words a group."""
+    return tl.reshape(tl.broadcast_to(x[:, :, None], (x.shape[0], x.shape[1], W // x.shape[1])), (x.shape[0], W))
 
 
 @triton.jit
@@ -378,14 +472,19 @@ def _configs(decode: bool) -> list[triton.Config]:
     program keeps in flight: narrow column tiles with long K tiles (several groups each) as well as wide
     ones, and splits of K for more programs; tiles of 32 channels and more also in the weight-left form."""
     if decode:
-        shapes = [(16, bn, bk, split, 3, 4, left) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
+        shapes = [(16, bn, bk, split, 3, 4, left, False) for bn in (16, 32, 64, 128) for bk in (32, 64, 128, 256, 512)
                   for split in (1, 2, 4, 8) for left in (False, True)
                   if bn * bk <= 128 * 128 and (bk > 32 or split == 1) and (bn >= 32 or not left)]
+        # the packed form (bf16): about half the instructions a weight of the float32 forms from 64 channels (a
+        # warpgroup MMA; 32-channel tiles take mma.sync and gain little)
+        shapes += [(16, bn, bk, split, 3, 4, True, True) for bn in (64, 128) for bk in (64, 128, 256, 512)
+                   for split in (1, 2, 4, 8) if bn * bk <= 128 * 256 and (bk > 64 or split == 1)]
     else:
-        shapes = [(128, bn, bk, 1, stages, warps, False) for bn in (64, 128) for bk in (32, 64) for stages in (3, 4)
-                  for warps in (4, 8)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "WEIGHT_LEFT": left},
-                          num_stages=stages, num_warps=warps) for bm, bn, bk, split, stages, warps, left in shapes]
+        shapes = [(128, bn, bk, 1, stages, warps, False, False) for bn in (64, 128) for bk in (32, 64)
+                  for stages in (3, 4) for warps in (4, 8)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "WEIGHT_LEFT": left,
+                           "PACKED": packed}, num_stages=stages, num_warps=warps)
+            for bm, bn, bk, split, stages, warps, left, packed in shapes]
 
 
 #: Rows up to this count (bf16/fp16) also time the vector path: one program per row re-reads the weight.
@@ -417,10 +516,12 @@ def fits(block_k: int, group: int, kp: int) -> bool:
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Tiles that fit the group and K (``fits``); splits that leave each program at least two K tiles (a
-    split of 1 always stays)."""
+    split of 1 always stays); the packed form only for bf16 x (a call without x offers none)."""
     group, kp = kwargs["GROUP"], named_args["KP"]
+    bf16 = getattr(named_args.get("X"), "dtype", None) == torch.bfloat16
     return [c for c in configs if fits(c.kwargs["BLOCK_K"], group, kp)
-            and (c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"])]
+            and (c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"])
+            and (bf16 or not c.kwargs.get("PACKED"))]
 
 
 def _prune_vector(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -455,7 +556,8 @@ _FASTEST: dict[tuple, str] = {}
 #: (``DirectLauncher.bind``): a decode step calls every Linear of a model, a few microseconds of GPU time each.
 _BOUND: dict[tuple, Callable[..., torch.Tensor]] = {}
 #: The configuration under the interpreter: tiles large enough to keep the interpreter's per-program cost
-#: down, a split of K so the split path is exercised on CPU too (decode calls take the weight-left form).
+#: down, a split of K so the split path is exercised on CPU too (decode calls take the weight-left form, in
+#: bf16 its packed form).
 _INTERPRET = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2}
 
 
@@ -520,7 +622,9 @@ def _gemm(x2: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None, *, ve
             _int4_vector_kernel[(m, triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])](*args, **flags, **cfg)
         else:
             grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-            _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True, WEIGHT_LEFT=m <= DECODE_ROWS)
+            decode = m <= DECODE_ROWS
+            _int4_gemm_kernel[grid](*args, **flags, **cfg, INTERPRET=True, WEIGHT_LEFT=decode,
+                                    PACKED=decode and x2.dtype == torch.bfloat16)
     else:
         def grid(meta: dict) -> tuple[int, int, int]:
             rows = m if vector else cdiv(m, meta["BLOCK_M"])

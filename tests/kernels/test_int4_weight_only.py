@@ -45,13 +45,13 @@ def _randn(shape, seed, dtype=torch.float32, scale=1.0):
     return (torch.randn(shape, generator=gen) * scale).to(device=DEVICE, dtype=dtype)
 
 
-def _assert_product(got, x, q4, bias=None, note=None):
-    """``got`` is x @ dequant(q4)^T (+ bias) as the kernels compute it: the weight rounded to x's dtype, the
-    sums in fp32 and the output rounded once. So within two output roundings of the float64 product and four
-    of its largest value, plus four fp32 units of the summed magnitudes |x| @ |w|^T (fp32 summation error,
-    which a float32 output shows)."""
+def _assert_product(got, x, q4, bias=None, note=None, weight=None):
+    """``got`` is x @ dequant(q4)^T (+ bias) as the kernels compute it: the weight rounded to x's dtype (or
+    ``weight``, a kernel's own rounding of it), the sums in fp32 and the output rounded once. So within two
+    output roundings of the float64 product and four of its largest value, plus four fp32 units of the summed
+    magnitudes |x| @ |w|^T (fp32 summation error, which a float32 output shows)."""
     dtype = x.dtype
-    weight = dequantize(q4, dtype).double()
+    weight = (dequantize(q4, dtype) if weight is None else weight).double()
     want = x.double() @ weight.t() + (bias.double() if bias is not None else 0)
     magnitudes = x.double().abs() @ weight.abs().t()
     eps = torch.finfo(dtype).eps
@@ -59,6 +59,14 @@ def _assert_product(got, x, q4, bias=None, note=None):
              + 4 * torch.finfo(torch.float32).eps * magnitudes)
     error = (got.double() - want).abs()
     assert got.shape == want.shape and bool((error <= bound).all()), (note, float(error.max()))
+
+
+def _packed_weight(q4):
+    """The packed form's bf16 weight: the scale rounded to bf16, then ``(q - zero) * scale`` rounded."""
+    q = unpack(q4).float().view(q4.n, -1, q4.group)
+    scale = q4.scale.to(torch.bfloat16).float()[..., None]
+    w = ((q - q4.zero[..., None]) * scale).to(torch.bfloat16)
+    return w.view(q4.n, -1)[:, : q4.k]
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -153,12 +161,16 @@ def test_every_loop_form_of_the_vector_kernel_gives_the_product(m, n, k, group, 
 @pytest.mark.parametrize(("m", "n", "k", "group", "block_k"), [(1, 33, 200, 64, 32), (5, 70, 500, 32, 64),
                                                                 (16, 65, 1024, 128, 256), (3, 17, 300, 128, 128)],
                          ids=str)
-@pytest.mark.parametrize("weight_left", [False, True], ids=["weight_right", "weight_left"])
-def test_both_operand_orders_of_the_decode_gemm_give_the_product(m, n, k, group, block_k, weight_left, dtype, seed):
-    """The tensor-core GEMM with the weight as the dot's right operand (bytes, nibbles interleaved) and as its
-    left (int32 words, the product transposed) computes the same product: K tiles within a group and spanning
-    several, N and K of no tile, with and without a split of K (a split of 3 over 4 tiles leaves one program
-    none)."""
+@pytest.mark.parametrize("form", ["weight_right", "weight_left", "packed"])
+def test_every_form_of_the_decode_gemm_gives_the_product(m, n, k, group, block_k, form, dtype, seed):
+    """The tensor-core GEMM with the weight as the dot's right operand (bytes, nibbles interleaved), as its
+    left (int32 words, the product transposed), and as its left made by packed bf16 arithmetic (columns in pair
+    order, x permuted to match; the scale rounded to bf16 first, one rounding more than the others, which the
+    expected product makes too) computes the same product: K tiles within a group and spanning several, N and K
+    of no tile, with and without a split of K (a split of 3 over 4 tiles leaves one program none)."""
+    packed = form == "packed"
+    if packed and dtype != torch.bfloat16:
+        pytest.skip("the packed form is for bf16 (fp16's range would round small scales to subnormals)")
     x = _randn((m, k), seed, dtype)
     q4 = quantize_int4(_randn((n, k), seed + 1, scale=k**-0.5), group)
     bias = _randn((n,), seed + 2, dtype)
@@ -169,8 +181,9 @@ def test_both_operand_orders_of_the_decode_gemm_give_the_product(m, n, k, group,
             kernel._int4_gemm_kernel[(triton.cdiv(m, 16), triton.cdiv(n, block_n), split)](
                 *kernel._gemm_args(x, q4, bias, out, False), GROUP=group, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=block_n,
                 BLOCK_K=block_k, SPLIT_K=split, INTERPRET=interpreting(), IEEE=dtype == torch.float32,
-                WEIGHT_LEFT=weight_left, num_stages=3, num_warps=4)
-            _assert_product(out.to(dtype), x, q4, bias, note=f"{block_n} channels, split {split}")
+                WEIGHT_LEFT=form != "weight_right", PACKED=packed, num_stages=3, num_warps=4)
+            _assert_product(out.to(dtype), x, q4, bias, note=f"{block_n} channels, split {split}",
+                            weight=_packed_weight(q4) if packed else None)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -297,6 +310,12 @@ def test_the_gpu_autotuner_keeps_valid_candidates_for_every_group(decode, group,
     assert all(kp % c.kwargs["BLOCK_K"] == 0 for c in kept)  # the K tiles cover K exactly
     assert all(c.kwargs["SPLIT_K"] == 1 or kp // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in kept)
     assert any(c.kwargs["SPLIT_K"] == 1 for c in kept)
+    # the packed form: bf16 decode only
+    for dtype in FLOAT_DTYPES:
+        x = torch.empty((1, k), dtype=dtype)
+        packed = [c for c in _prune(_configs(decode), {"KP": kp, "X": x}, GROUP=group) if c.kwargs["PACKED"]]
+        assert bool(packed) == (decode and dtype == torch.bfloat16 and kp % 64 == 0), (dtype, len(packed))
+        assert all(c.kwargs["WEIGHT_LEFT"] for c in packed)
 
 
 @pytest.mark.parametrize("group", GROUPS)
