@@ -156,14 +156,11 @@ def _weight_left_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn,
     across registers and no float is subtracted. Fewer instructions a tile than the right-operand form (sm_90,
     Triton 3.6, 16 x 64 x 256: 797 against 986; on Hopper, from 64 channels, a warpgroup MMA with the weight staged
     through shared memory into registers)."""
-    W32 = P.to(tl.pointer_type(tl.int32))
-    stride_wn = stride_pn // 4
     rk = tl.arange(0, BLOCK_K)
-    w = tl.arange(0, BLOCK_K // 8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for t in range(first, last):
         k0 = t * BLOCK_K
-        words = tl.load(W32 + rn[:, None] * stride_wn + (k0 // 8 + w)[None, :], mask=rn[:, None] < N, other=0)
+        words = _weight_words(P, stride_pn, rn, N, k0, BLOCK_K)
         q16 = _words_in_column_order(words, NIBBLE_MASK)  # 1 + q / 16
         if BLOCK_K > GROUP:  # several groups per tile: each column of the tile takes its group's scale and zero
             g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
@@ -188,6 +185,15 @@ def _weight_left_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn,
 
 
 @triton.jit
+def _weight_words(P, stride_pn, rn, N, k0, BLOCK_K: tl.constexpr):
+    """The packed weight's K tile from column ``k0`` for channels ``rn``, as (channels, BLOCK_K / 8) int32 words of
+    eight 4-bit values (value j of a word at bits 4 j); zeros past channel N."""
+    w = tl.arange(0, BLOCK_K // 8)
+    words = P.to(tl.pointer_type(tl.int32)) + rn[:, None] * (stride_pn // 4) + (k0 // 8 + w)[None, :]
+    return tl.load(words, mask=rn[:, None] < N, other=0)
+
+
+@triton.jit
 def _packed_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn, first, last, NIBBLE_MASK,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  INTERPRET: tl.constexpr):
@@ -195,15 +201,12 @@ def _packed_sums(X, P, S, Z, M, N, K, GROUPS, stride_xm, stride_pn, rm, rn, firs
     two values a LOP3, a packed add and a packed multiply, about half the loop's instructions a weight of the
     float32 forms. The tile's columns are in pair order and x's rows are permuted to match, so the sum over K is
     the same sum."""
-    W32 = P.to(tl.pointer_type(tl.int32))
-    stride_wn = stride_pn // 4
     G: tl.constexpr = (BLOCK_K + GROUP - 1) // GROUP  # groups a tile spans (a tile within a group: one)
     rk = tl.arange(0, BLOCK_K)
-    w = tl.arange(0, BLOCK_K // 8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for t in range(first, last):
         k0 = t * BLOCK_K
-        words = tl.load(W32 + rn[:, None] * stride_wn + (k0 // 8 + w)[None, :], mask=rn[:, None] < N, other=0)
+        words = _weight_words(P, stride_pn, rn, N, k0, BLOCK_K)
         g = k0 // GROUP + tl.arange(0, G)  # the tile's groups: one, or several whole ones
         scale = tl.load(S + rn[:, None] * GROUPS + g[None, :], mask=rn[:, None] < N, other=0.0)
         zero = tl.load(Z + rn[:, None] * GROUPS + g[None, :], mask=rn[:, None] < N, other=0.0)
